@@ -1,0 +1,43 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# The CPU wheel of torch 2.13.0 (a GPU runner sets TORCH_SPEC to its CUDA build).
+TORCH_SPEC ?= torch==2.13.0
+export MLFLOW_DISABLE_TELEMETRY := true
+export DO_NOT_TRACK := true
+export TOKENIZERS_PARALLELISM := false
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: setup demo test test-fast lint bench clean
+
+setup: $(STAMP)
+
+# torch first (the CPU wheel that satisfies the range), then the project; the stamp
+# makes a second `make setup` a no-op unless pyproject.toml changed.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/pipeline demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m unit
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf runs data/cache mlflow.db mlruns

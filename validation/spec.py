@@ -1,0 +1,456 @@
+"""The experiment spec: one frozen, typed `ExperimentSpec` per `experiments/<name>.yaml`.
+
+Each section is its own model and documents its fields where they are declared; the
+JSON Schema in `experiments/schema.json` is generated from these models
+(`pipeline schema`), so editor completion and these docstrings never disagree.
+
+Cross-field rules that need several sections (tp divides heads, layouts match the
+resources, the hypothesis metric exists...) live in `validation.rules`, which returns
+every problem at once with the location of the field to change.
+
+This module must stay light: `pipeline validate` imports it and must not import torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{2,63}$"
+SOURCE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+# Metrics the trainer produces; `<source>` is a data source name.
+METRIC_PATTERN = (
+    r"^(eval/(loss|bpb)|eval/[a-z0-9][a-z0-9_-]{0,31}/(loss|bpb)|train/loss|"
+    r"perf/tokens_per_s|perf/mfu|perf/peak_mem_gb)$"
+)
+PLACEHOLDER_WORDS = {"todo", "tbd", "fixme", "xxx", "placeholder", "hypothesis", "lorem", "ipsum", "n/a", "test"}
+
+
+class Section(BaseModel):
+    """Base for every section: frozen, unknown keys forbidden, docstrings become descriptions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+# --------------------------------------------------------------------------- hypothesis
+
+
+class Hypothesis(Section):
+    """What this experiment is expected to show, stated before it runs."""
+
+    statement: Annotated[str, Field(min_length=20, max_length=2000)]
+    """A real sentence: what changes, what should happen to the metric and why."""
+    metric: Annotated[str, Field(pattern=METRIC_PATTERN)]
+    """A metric the trainer produces: `eval/loss`, `eval/bpb`, `eval/<source>/loss`, `eval/<source>/bpb`,
+    `train/loss`, `perf/tokens_per_s`, `perf/mfu` or `perf/peak_mem_gb`."""
+    direction: Literal["increase", "decrease"]
+    """Which way the metric should move relative to the baseline."""
+    min_effect: Annotated[float, Field(gt=0.0, le=10.0)]
+    """Smallest relative change that counts, e.g. 0.02 for 2 %."""
+    baseline: Annotated[str, Field(pattern=r"^([a-z0-9][a-z0-9_-]{2,63}|champion)$")]
+    """The experiment to compare against (its name), or `champion` for the promoted model."""
+    seeds: Annotated[int, Field(ge=1, le=16)] = 1
+    """Number of seeds; candidate and baseline run on the same seeds (paired)."""
+    alpha: Annotated[float, Field(gt=0.0, le=0.5)] = 0.05
+    """Significance level of the paired test behind the verdict."""
+
+    @field_validator("statement")
+    @classmethod
+    def _real_sentence(cls, value: str) -> str:
+        words = [w.strip(".,;:!?()").lower() for w in value.split()]
+        if len(words) < 5:
+            raise ValueError("must be a real sentence of at least 5 words")
+        if set(words) <= PLACEHOLDER_WORDS | {"a", "the", "is", "to", "be", "will", "here", "goes"}:
+            raise ValueError("looks like a placeholder; state what should change and why")
+        return value
+
+
+# --------------------------------------------------------------------------- model
+
+
+class ModelSpec(Section):
+    """The network, built from config with transformers (never downloaded)."""
+
+    model_type: Literal["llama", "gpt2", "qwen2", "mistral"]
+    """A Hugging Face `model_type`; the model is randomly initialised from these sizes."""
+    hidden_size: Annotated[int, Field(ge=8, le=65536)]
+    """Width of the residual stream."""
+    num_layers: Annotated[int, Field(ge=1, le=512)]
+    """Number of transformer blocks."""
+    num_heads: Annotated[int, Field(ge=1, le=1024)]
+    """Attention heads; must divide `hidden_size`."""
+    num_kv_heads: Annotated[int, Field(ge=1, le=1024)] | None = None
+    """Key/value heads for grouped-query attention (defaults to `num_heads`; ignored by gpt2)."""
+    intermediate_size: Annotated[int, Field(ge=8, le=1048576)] | None = None
+    """MLP width (defaults to 4 x hidden for gpt2, about 8/3 x hidden for the others)."""
+    vocab_size: Annotated[int, Field(ge=256, le=1048576)]
+    """Embedding rows; must be at least the tokenizer's vocabulary."""
+    max_position_embeddings: Annotated[int, Field(ge=16, le=1048576)] = 2048
+    """Longest sequence the position encoding supports; must be >= `data.seq_len`."""
+    tie_word_embeddings: bool = True
+    """Share the input embedding and the output projection."""
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    """Attention kernel; both honour document boundaries in packed rows."""
+    init_from: Annotated[str, Field(max_length=512)] | None = None
+    """Optional local checkpoint directory (inside a data root) to initialise the weights from."""
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelSpec:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})")
+        kv = self.num_kv_heads or self.num_heads
+        if self.num_heads % kv:
+            raise ValueError(f"num_kv_heads ({kv}) must divide num_heads ({self.num_heads})")
+        return self
+
+    @property
+    def ffn_size(self) -> int:
+        if self.intermediate_size:
+            return self.intermediate_size
+        if self.model_type == "gpt2":
+            return 4 * self.hidden_size
+        return int(8 * self.hidden_size / 3 + 63) // 64 * 64
+
+    def parameter_count(self) -> int:
+        """Exact parameter count of the transformers model this spec builds."""
+        h, ffn, v, L = self.hidden_size, self.ffn_size, self.vocab_size, self.num_layers
+        kv = self.num_kv_heads or self.num_heads
+        head_dim = h // self.num_heads
+        if self.model_type == "gpt2":
+            per_layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * ffn + ffn) + (ffn * h + h) + 4 * h
+            total = v * h + self.max_position_embeddings * h + L * per_layer + 2 * h
+        else:
+            attn = h * h + 2 * h * kv * head_dim + h * h
+            if self.model_type == "qwen2":
+                attn += h + 2 * kv * head_dim  # q/k/v biases
+            per_layer = attn + 3 * h * ffn + 2 * h
+            total = v * h + L * per_layer + h
+        if not self.tie_word_embeddings:
+            total += v * h
+        return total
+
+
+# --------------------------------------------------------------------------- data
+
+
+class DataSource(Section):
+    """One source of documents, sampled by its mixture weight."""
+
+    name: Annotated[str, Field(pattern=SOURCE_NAME_PATTERN)]
+    """Short name used in metrics (`eval/<name>/loss`) and reports."""
+    path: Annotated[str, Field(min_length=1, max_length=512)]
+    """Glob relative to the repository (e.g. `data/demo/code.jsonl`); must stay inside a data root."""
+    format: Literal["auto", "jsonl", "text", "parquet"] = "auto"
+    """File format; `auto` picks by extension (`.jsonl`/`.json`, `.parquet`, anything else is text)."""
+    text_field: Annotated[str, Field(min_length=1, max_length=64)] = "text"
+    """Field holding the document text in JSON Lines and Parquet files."""
+    weight: Annotated[float, Field(ge=0.0, le=1.0)]
+    """Share of training rows drawn from this source; weights sum to 1."""
+
+
+class TokenizerSpec(Section):
+    """How text becomes tokens; part of the data version."""
+
+    kind: Literal["bpe", "local"] = "bpe"
+    """`bpe`: train a byte-level BPE on the prepared text; `local`: load from `path`."""
+    vocab_size: Annotated[int, Field(ge=256, le=1048576)] = 4096
+    """Vocabulary size of the trained BPE (must not exceed `model.vocab_size`)."""
+    path: Annotated[str, Field(max_length=512)] | None = None
+    """Directory with a `tokenizer.json` when `kind: local`; inside a data root."""
+
+
+class DataChecks(Section):
+    """Thresholds for the great-expectations checks; defaults are deliberately lenient."""
+
+    min_documents: Annotated[int, Field(ge=1, le=10**12)] = 50
+    """Minimum documents per source after cleaning and de-duplication."""
+    min_tokens: Annotated[int, Field(ge=1, le=10**15)] = 10_000
+    """Minimum tokens per source."""
+    max_empty_rate: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    """Maximum share of documents dropped as empty or too short."""
+    max_duplicate_rate: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    """Maximum share of exact duplicates."""
+    max_doc_tokens_p50: Annotated[int, Field(ge=1, le=10**9)] = 1_000_000
+    """Upper bound on the median document length in tokens."""
+    max_js_divergence: Annotated[float, Field(ge=0.0, le=1.0)] = 0.15
+    """Maximum Jensen-Shannon divergence (base 2) of a source's token distribution vs the baseline's."""
+    max_length_shift: Annotated[float, Field(ge=0.0, le=100.0)] = 0.5
+    """Maximum relative shift of a source's median document length vs the baseline's."""
+    max_mixture_error: Annotated[float, Field(ge=0.0, le=1.0)] = 0.05
+    """Maximum absolute difference between realised and requested mixture weight."""
+
+
+class DataSpec(Section):
+    """Sources, their mixture, tokenization and packing."""
+
+    sources: Annotated[list[DataSource], Field(min_length=1, max_length=64)]
+    """Document sources with mixture weights."""
+    seq_len: Annotated[int, Field(ge=16, le=1048576)] = 256
+    """Tokens per packed training row (documents are concatenated, boundaries kept)."""
+    tokenizer: TokenizerSpec = TokenizerSpec()
+    """Tokenizer to train or load."""
+    min_doc_chars: Annotated[int, Field(ge=0, le=100000)] = 16
+    """Documents shorter than this after cleaning are dropped (and counted)."""
+    eval_fraction: Annotated[float, Field(gt=0.0, le=0.5)] = 0.05
+    """Share of each source's documents held out for evaluation (chosen by document hash)."""
+    checks: DataChecks = DataChecks()
+    """Distribution-check thresholds."""
+
+    @model_validator(mode="after")
+    def _unique_sources(self) -> DataSpec:
+        names = [s.name for s in self.sources]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"source names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    def weights(self) -> dict[str, float]:
+        return {s.name: s.weight for s in self.sources}
+
+
+# --------------------------------------------------------------------------- train
+
+
+class TrainSpec(Section):
+    """Optimisation, precision, checkpoints and evaluation."""
+
+    lr: Annotated[float, Field(gt=0.0, le=1.0)] = 3e-3
+    """Peak learning rate of AdamW."""
+    min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
+    """Final learning rate as a fraction of `lr` (cosine and linear schedules)."""
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay after warmup."""
+    warmup_steps: Annotated[int, Field(ge=0, le=10**7)] = 20
+    """Linear warmup steps."""
+    max_steps: Annotated[int, Field(ge=1, le=10**7)] | None = None
+    """Optimizer steps; give this or `token_budget`."""
+    token_budget: Annotated[int, Field(ge=1, le=10**14)] | None = None
+    """Training tokens; converted to steps with the global batch."""
+    micro_batch_size: Annotated[int, Field(ge=1, le=4096)] = 8
+    """Rows per forward pass per process."""
+    grad_accum_steps: Annotated[int, Field(ge=1, le=4096)] = 1
+    """Micro-batches accumulated per optimizer step."""
+    global_batch_size: Annotated[int, Field(ge=1, le=10**6)] | None = None
+    """Rows per optimizer step; when given it must equal micro_batch_size x grad_accum_steps x dp."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Compute precision through accelerate (bf16 also works on CPUs with avx512_bf16)."""
+    weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
+    """AdamW weight decay."""
+    beta1: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    """AdamW beta1."""
+    beta2: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.95
+    """AdamW beta2."""
+    grad_clip: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0
+    """Global gradient-norm clip (0 disables)."""
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 1234
+    """Base seed; with `hypothesis.seeds: n` the runs use seed, seed+1, ..."""
+    deterministic: bool = True
+    """Deterministic algorithms and seeded RNGs on every rank (bitwise-exact resume on CPU)."""
+    compile: bool = False
+    """Wrap the model in `torch.compile`."""
+    log_interval: Annotated[int, Field(ge=1, le=10**6)] = 10
+    """Steps between metric logs."""
+    eval_interval: Annotated[int, Field(ge=1, le=10**7)] = 100
+    """Steps between evaluations on the held-out split."""
+    eval_batches: Annotated[int, Field(ge=1, le=10**5)] = 8
+    """Batches per source per evaluation."""
+    checkpoint_interval: Annotated[int, Field(ge=1, le=10**7)] = 100
+    """Steps between checkpoints."""
+    keep_last: Annotated[int, Field(ge=1, le=1000)] = 2
+    """Checkpoints kept besides the best one."""
+    async_checkpoint: bool = False
+    """Snapshot to memory and write checkpoints in the background."""
+    early_stopping_patience: Annotated[int, Field(ge=0, le=10**5)] = 0
+    """Evaluations without improvement before stopping (0 disables)."""
+    min_micro_batch_size: Annotated[int, Field(ge=1, le=4096)] = 1
+    """Floor for the out-of-memory fallback that halves the micro batch."""
+    max_restarts: Annotated[int, Field(ge=0, le=100)] = 3
+    """Automatic resumes after a crash before the run is failed."""
+
+    @model_validator(mode="after")
+    def _steps_or_budget(self) -> TrainSpec:
+        if (self.max_steps is None) == (self.token_budget is None):
+            raise ValueError("give exactly one of max_steps or token_budget")
+        if self.min_micro_batch_size > self.micro_batch_size:
+            raise ValueError("min_micro_batch_size must not exceed micro_batch_size")
+        return self
+
+
+# --------------------------------------------------------------------------- parallel
+
+
+class ParallelLayout(Section):
+    """An explicit parallel layout; dp x tp x pp must equal the number of processes."""
+
+    dp: Annotated[int, Field(ge=1, le=65536)] = 1
+    """Data-parallel replicas."""
+    tp: Annotated[int, Field(ge=1, le=512)] = 1
+    """Tensor-parallel degree; must divide the attention heads."""
+    pp: Annotated[int, Field(ge=1, le=512)] = 1
+    """Pipeline-parallel stages; must divide the layers."""
+    fsdp: bool = False
+    """Shard parameters, gradients and optimizer states across the data-parallel group (ZeRO-3)."""
+
+
+# --------------------------------------------------------------------------- resources
+
+
+class ResourceSpec(Section):
+    """Where and how the run executes, and what it may cost."""
+
+    nodes: Annotated[int, Field(ge=1, le=4096)] = 1
+    """Machines."""
+    gpus_per_node: Annotated[int, Field(ge=0, le=64)] = 0
+    """Accelerators per machine; 0 trains on CPU processes."""
+    cpu_processes: Annotated[int, Field(ge=1, le=256)] = 1
+    """Processes per node when `gpus_per_node` is 0 (gloo)."""
+    gpu_type: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")] = "cpu"
+    """Accelerator type; also a self-hosted runner label (e.g. `h100`)."""
+    gpu_memory_gb: Annotated[float, Field(gt=0.0, le=4096.0)] = 16.0
+    """Memory per accelerator (per process on CPU) used by the memory check."""
+    peak_tflops: Annotated[float, Field(gt=0.0, le=100000.0)] | None = None
+    """Dense peak per device for MFU and time estimates; defaults by `gpu_type`."""
+    assumed_mfu: Annotated[float, Field(gt=0.0, le=1.0)] = 0.35
+    """Model FLOPs utilisation assumed by the GPU-hours estimate."""
+    launcher: Literal["local", "slurm", "static"] = "local"
+    """`local`: accelerate on this host; `slurm`: sbatch + srun; `static`: fixed rendezvous endpoint."""
+    partition: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] | None = None
+    """Slurm partition (the cluster's default when omitted)."""
+    rendezvous: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,253}:[0-9]{1,5}$")] | None = None
+    """`host:port` of node 0 for the static launcher."""
+    time_limit_minutes: Annotated[int, Field(ge=1, le=60 * 24 * 30)] = 60
+    """Wall-clock limit of the training job."""
+    max_gpu_hours: Annotated[float, Field(gt=0.0, le=1_000_000.0)] = 8.0
+    """Budget; a plan estimated above it is refused."""
+
+    @property
+    def world_size(self) -> int:
+        per_node = self.gpus_per_node if self.gpus_per_node else self.cpu_processes
+        return self.nodes * per_node
+
+
+# --------------------------------------------------------------------------- alerts
+
+
+class AlertsSpec(Section):
+    """Anomaly thresholds; the defaults suit most runs."""
+
+    loss_rise_steps: Annotated[int, Field(ge=1, le=10**6)] = 50
+    """Alert (P1) when the smoothed loss rises for this many consecutive steps."""
+    grad_norm_factor: Annotated[float, Field(gt=1.0, le=1e6)] = 10.0
+    """Alert (P1) when the grad norm exceeds this multiple of its running mean."""
+    throughput_drop: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.5
+    """Alert (P2) when tokens/s falls below this fraction of its running median."""
+    stall_seconds: Annotated[int, Field(ge=10, le=10**6)] = 900
+    """Alert (P0) when no step completes for this long."""
+    spike_policy: Literal["alert", "stop", "rollback"] = "alert"
+    """On a loss or grad-norm spike: only alert, stop the run, or restore the last good checkpoint."""
+    rollback_skip_batches: Annotated[int, Field(ge=0, le=10**6)] = 10
+    """Batches skipped after a rollback (the PaLM recipe)."""
+    max_rollbacks: Annotated[int, Field(ge=0, le=100)] = 3
+    """Rollbacks before the run is stopped."""
+
+
+# --------------------------------------------------------------------------- sweep
+
+
+class SweepSpec(Section):
+    """A small search over a few fields; the winner becomes the candidate."""
+
+    method: Literal["grid", "random"] = "grid"
+    """Grid takes every combination; random samples `max_trials` of them."""
+    parameters: Annotated[dict[str, Annotated[list[Any], Field(min_length=1, max_length=16)]], Field(min_length=1, max_length=4)]
+    """Dotted field path (e.g. `train.lr`) to the values to try."""
+    max_trials: Annotated[int, Field(ge=1, le=32)] = 8
+    """Upper bound on trials."""
+    metric: Annotated[str, Field(pattern=METRIC_PATTERN)] | None = None
+    """Selection metric (defaults to the hypothesis metric)."""
+    mode: Literal["min", "max"] | None = None
+    """Lower or higher is better (defaults from the hypothesis direction); ties go to the cheaper trial."""
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    """Seed of the random sampler."""
+
+    @field_validator("parameters")
+    @classmethod
+    def _known_paths(cls, value: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        allowed_sections = {"train", "model", "data"}
+        for path in value:
+            head = path.split(".", 1)[0]
+            if head not in allowed_sections or "." not in path:
+                raise ValueError(f"sweep parameter '{path}' must be a dotted path under train, model or data")
+        return value
+
+
+# --------------------------------------------------------------------------- top level
+
+
+class ExperimentSpec(Section):
+    """One experiment: a hypothesis and everything needed to test it."""
+
+    schema_ref: Annotated[str | None, Field(alias="$schema", max_length=256)] = None
+    """Path or URL of `schema.json` for editor completion; ignored by the pipeline."""
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    """Experiment name; must equal the file name without `.yaml`."""
+    owner: Annotated[str, Field(pattern=r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})$")]
+    """GitHub login of the person responsible."""
+    extends: Annotated[str, Field(max_length=256)] | None = None
+    """A base file (relative to this one) deep-merged under this one; chains allowed up to depth 5."""
+    description: Annotated[str, Field(max_length=4000)] = ""
+    """Free text for the PR comment."""
+    hypothesis: Hypothesis
+    """The claim this experiment tests."""
+    model: ModelSpec
+    """The network."""
+    data: DataSpec
+    """The data mixture."""
+    train: TrainSpec
+    """Optimisation."""
+    parallel: Literal["auto"] | ParallelLayout = "auto"
+    """`auto` (the planner picks from model size and memory) or an explicit layout."""
+    resource: ResourceSpec = ResourceSpec()
+    """Execution resources and budget."""
+    alerts: AlertsSpec = AlertsSpec()
+    """Anomaly thresholds."""
+    sweep: SweepSpec | None = None
+    """Optional search over a few fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
+
+    # Fields that do not change what is trained (excluded from the spec hash).
+    COSMETIC_FIELDS: tuple[str, ...] = ("schema_ref", "description", "owner", "extends", "name")
+
+    def resolved_dict(self) -> dict[str, Any]:
+        """The resolved spec as plain JSON data (what the trainer reads)."""
+        return self.model_dump(mode="json", by_alias=False, exclude={"schema_ref"})
+
+    def training_dict(self) -> dict[str, Any]:
+        """What determines the trained model: no cosmetic fields, no hypothesis text."""
+        data = self.model_dump(mode="json", exclude=set(self.COSMETIC_FIELDS))
+        data.pop("hypothesis", None)
+        data.pop("sweep", None)
+        data.get("train", {}).pop("max_restarts", None)
+        return data
+
+    def spec_hash(self) -> str:
+        """sha256 (first 16 hex) of the canonical JSON of `training_dict()`."""
+        canonical = json.dumps(self.training_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def global_batch(self, dp: int) -> int:
+        return self.train.micro_batch_size * self.train.grad_accum_steps * dp
+
+    def total_steps(self, dp: int) -> int:
+        if self.train.max_steps is not None:
+            return self.train.max_steps
+        assert self.train.token_budget is not None
+        per_step = self.global_batch(dp) * self.data.seq_len
+        return max(1, -(-self.train.token_budget // per_step))
+
+    def parallel_layout(self) -> ParallelLayout:
+        """The explicit layout, or plain data parallelism over every process for `auto`."""
+        if isinstance(self.parallel, ParallelLayout):
+            return self.parallel
+        return ParallelLayout(dp=self.resource.world_size)
