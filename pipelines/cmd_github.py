@@ -1,9 +1,288 @@
-"""Commands of the 'github' area (filled in by its issue)."""
+"""`pipeline comment | chatops | promote | runners`: the GitHub side on the command line.
+
+Configuration comes from what GitHub Actions provides: `GITHUB_TOKEN`, `GITHUB_API_URL`
+(default the public API), `GITHUB_REPOSITORY`, `GITHUB_EVENT_PATH`, `GITHUB_OUTPUT`.
+Without a token (or with `--dry-run`) comments go to files instead of GitHub.
+Everything under `pipelines.github` is imported inside the commands so this module
+imports fast.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
 import typer
+
+from validation.errors import PipelineError, PromotionRefused, UsageError
+
+if TYPE_CHECKING:
+    from pipelines.github.client import GitHubConfig
+
+runners_app = typer.Typer(help="Self-hosted runners: list, registration token, prune, capacity.", no_args_is_help=True)
+
+RepoOpt = Annotated[str | None, typer.Option("--repo", help="owner/name (default: $GITHUB_REPOSITORY).")]
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
+    app.command("comment")(comment)
+    app.command("chatops")(chatops)
+    app.command("promote")(promote)
+    app.add_typer(runners_app, name="runners")
+
+
+def _guarded(fn: Callable[[], Any]) -> Any:
+    """One line per error, exit code from the error's class; no traceback for user mistakes."""
+    try:
+        return fn()
+    except PipelineError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _config(repo: str | None, fallback_repo: str = "") -> GitHubConfig:
+    from pipelines.github.client import GitHubConfig
+
+    return GitHubConfig.from_env(repo or os.environ.get("GITHUB_REPOSITORY") or fallback_repo)
+
+
+def _runners_config(repo: str | None) -> GitHubConfig:
+    """Runner administration needs a token with Administration access, which the workflow's
+    own `github.token` cannot have: `GITHUB_RUNNERS_TOKEN` when set, else `GITHUB_TOKEN`.
+    Comments are still posted with `GITHUB_TOKEN`, so the sticky comment keeps one author."""
+    import dataclasses
+
+    config = _config(repo)
+    return dataclasses.replace(config, token=os.environ.get("GITHUB_RUNNERS_TOKEN") or config.token)
+
+
+def _host(config: GitHubConfig) -> Any:
+    from pipelines.github.client import PyGithubHost
+
+    return PyGithubHost(config)
+
+
+# --------------------------------------------------------------------------- comment
+
+
+def comment(
+    pr: Annotated[int, typer.Option("--pr", help="Pull request number.", min=1)],
+    experiment: Annotated[str, typer.Option("--experiment", help="Experiment name (the comment's key).")],
+    body_file: Annotated[Path | None, typer.Option("--body-file", help="Markdown body (e.g. report.md).")] = None,
+    stage: Annotated[str | None, typer.Option(
+        "--stage", help="Render a status body for this stage instead of --body-file: validated, plan, "
+                   "data_checked, smoke_passed, awaiting_train, training, report (reports.render.STAGES).")] = None,
+    detail: Annotated[str | None, typer.Option("--detail", help="One line of detail for --stage.")] = None,
+    failed: Annotated[bool, typer.Option("--failed", help="Mark --stage as failed.")] = False,
+    step: Annotated[int | None, typer.Option("--step", help="Training progress for --stage training.")] = None,
+    total_steps: Annotated[int | None, typer.Option("--total-steps")] = None,
+    eta_s: Annotated[float | None, typer.Option("--eta-s", help="Seconds left, for --stage training.")] = None,
+    loss: Annotated[float | None, typer.Option("--loss", help="Latest loss, for --stage training.")] = None,
+    url: Annotated[str | None, typer.Option("--url", help="Link to logs (e.g. the workflow run).")] = None,
+    validated_sha: Annotated[str | None, typer.Option(
+        "--validated-sha", help="Record that this head commit passed validation (what /train binds to).")] = None,
+    repo: RepoOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Write the comment to --out-dir, not to GitHub.")] = False,
+    out_dir: Annotated[Path, typer.Option("--out-dir", help="Where --dry-run writes comments.")] = Path("runs/comments"),
+) -> None:
+    """Create or update the one sticky comment of an experiment on a pull request."""
+
+    def run() -> None:
+        import re
+
+        from pipelines.github.client import DryRunCodeHost
+        from pipelines.github.comment import StickyComment
+
+        if (body_file is None) == (stage is None):
+            raise UsageError("give exactly one of --body-file or --stage")
+        if body_file is not None:
+            if not body_file.is_file():
+                raise UsageError(f"{body_file}: no such file")
+            body = body_file.read_text(encoding="utf-8")
+        else:
+            from reports.render import render_status
+
+            try:
+                body = render_status(stage, experiment=experiment, detail=detail, failed=failed, step=step,
+                                     total_steps=total_steps, eta_s=eta_s, loss=loss, url=url)
+            except AssertionError as exc:
+                raise UsageError(f"unknown stage {stage!r}") from exc
+        state: dict[str, str] = {}
+        if validated_sha is not None:
+            if not re.fullmatch(r"[0-9a-f]{40}", validated_sha):
+                raise UsageError("--validated-sha must be a full 40-character lower-case hex SHA")
+            state["validated_sha"] = validated_sha
+        if stage is not None:
+            state["stage"] = stage
+        use_dry_run = dry_run or not os.environ.get("GITHUB_TOKEN")
+        if use_dry_run:
+            host: Any = DryRunCodeHost(out_dir)
+            bot = host.bot_login
+        else:
+            config = _config(repo)
+            host, bot = _host(config), config.bot_login
+        posted = StickyComment.for_experiment(host, pr, experiment, author=bot).upsert(body, state)
+        where = host.path_of(posted) if use_dry_run else f"comment {posted.id}"
+        typer.echo(f"{'dry run: ' if use_dry_run else ''}sticky comment for {experiment} on #{pr}: {where}")
+
+    _guarded(run)
+
+
+# --------------------------------------------------------------------------- chatops
+
+
+def chatops(
+    event_path: Annotated[Path | None, typer.Option(
+        "--event-path", help="Webhook payload (default: $GITHUB_EVENT_PATH).")] = None,
+    event_name: Annotated[str | None, typer.Option(
+        "--event-name", help="Event name (default: $GITHUB_EVENT_NAME, else guessed from the payload).")] = None,
+    repo: RepoOpt = None,
+) -> None:
+    """Decide what a /train, /cancel or /retry comment (or a manual dispatch) does; writes step outputs."""
+
+    def run() -> None:
+        from pipelines.github.chatops import handle_event, write_outputs
+        from pipelines.github.events import load_event
+
+        path = event_path or os.environ.get("GITHUB_EVENT_PATH")
+        if not path:
+            raise UsageError("no event: pass --event-path or set GITHUB_EVENT_PATH")
+        event = load_event(path, event_name)
+        config = _config(repo, getattr(event, "repo", ""))
+        decision = handle_event(event, _host(config), bot_login=config.bot_login)
+        write_outputs(decision, os.environ.get("GITHUB_OUTPUT"))
+        typer.echo(f"{decision.action}: {decision.reason}")
+
+    _guarded(run)
+
+
+# --------------------------------------------------------------------------- promote
+
+
+def promote(
+    event_path: Annotated[Path | None, typer.Option(
+        "--event-path", help="pull_request (closed) payload (default: $GITHUB_EVENT_PATH).")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db).")] = None,
+    model_name: Annotated[str, typer.Option(
+        "--model-name", envvar="PIPELINE_REGISTRY_MODEL", help="Registered model that carries the champion alias.")]
+        = "gitops-train",
+    required_approvals: Annotated[int, typer.Option("--required-approvals", min=0)] = 1,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="Exit 10 when an experiment is refused (default: a refusal is a normal outcome, "
+                         "explained in the PR comment).")] = False,
+    repo: RepoOpt = None,
+) -> None:
+    """On merge: check the promotion gates and move the MLflow alias `champion`; a refusal says why on the PR."""
+
+    def run() -> None:
+        from pipelines.github.events import PullRequestEvent, load_event
+        from pipelines.github.promote import MlflowPromotion, promote_merged
+
+        path = event_path or os.environ.get("GITHUB_EVENT_PATH")
+        if not path:
+            raise UsageError("no event: pass --event-path or set GITHUB_EVENT_PATH")
+        event = load_event(path)
+        if not isinstance(event, PullRequestEvent) or not event.merged:
+            typer.echo("nothing to promote: not a merged pull request")
+            return
+        config = _config(repo, event.repo)
+        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+        mlflow = MlflowPromotion(uri, model_name)
+        outcomes = promote_merged(event, _host(config), mlflow, mlflow, model_name=model_name,
+                                  required_approvals=required_approvals, bot_login=config.bot_login)
+        refused = [o for o in outcomes if o.promotion is None]
+        for o in outcomes:
+            if o.promotion is not None:
+                typer.echo(f"promoted {o.gate.experiment}: {model_name} version {o.promotion.version} is champion")
+            else:
+                typer.echo(f"refused {o.gate.experiment}: {'; '.join(o.gate.reasons)}")
+        if not outcomes:
+            typer.echo("nothing to promote: the pull request changes no experiment")
+        if refused and strict:
+            raise PromotionRefused(f"{len(refused)} experiment(s) not promoted; the PR comment says why")
+
+    _guarded(run)
+
+
+# --------------------------------------------------------------------------- runners
+
+
+@runners_app.command("list")
+def runners_list(repo: RepoOpt = None) -> None:
+    """The repository's self-hosted runners: labels, online/offline, busy."""
+
+    def run() -> None:
+        from pipelines.github.runners import format_table
+
+        typer.echo(format_table(_host(_runners_config(repo)).runners()))
+
+    _guarded(run)
+
+
+@runners_app.command("token")
+def runners_token(repo: RepoOpt = None) -> None:
+    """Print a registration token for `config.sh --ephemeral` (masked in GitHub Actions logs)."""
+
+    def run() -> None:
+        token, expires = _host(_runners_config(repo)).registration_token()
+        if os.environ.get("GITHUB_ACTIONS") == "true":
+            typer.echo(f"::add-mask::{token}")
+        typer.echo(f"expires {expires}", err=True)
+        typer.echo(token)
+
+    _guarded(run)
+
+
+@runners_app.command("prune")
+def runners_prune(
+    offline_for: Annotated[str, typer.Option("--offline-for", help="Remove runners offline this long (e.g. 24h).")]
+        = "24h",
+    state_file: Annotated[Path, typer.Option(
+        "--state-file", help="Remembers since when each runner has been offline.")] = Path("runs/runners-offline.json"),
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be removed.")] = False,
+    repo: RepoOpt = None,
+) -> None:
+    """Remove self-hosted runners that have been offline longer than --offline-for."""
+
+    def run() -> None:
+        from pipelines.github.runners import parse_duration, prune
+
+        removed = prune(_host(_runners_config(repo)), state_file, parse_duration(offline_for), dry_run=dry_run)
+        verb = "would remove" if dry_run else "removed"
+        typer.echo(f"{verb} {len(removed)} runner(s)" + "".join(f"\n  {r.id} {r.name}" for r in removed))
+
+    _guarded(run)
+
+
+@runners_app.command("capacity")
+def runners_capacity(
+    labels: Annotated[str, typer.Option("--labels", help="Comma-separated labels, e.g. gpu,h100.")],
+    nodes: Annotated[int, typer.Option("--nodes", min=1)] = 1,
+    pr: Annotated[int | None, typer.Option("--pr", help="Also say it in this PR's sticky comment.")] = None,
+    experiment: Annotated[str | None, typer.Option("--experiment")] = None,
+    repo: RepoOpt = None,
+) -> None:
+    """Check that enough idle online runners carry the labels; exit 0 either way, prints the verdict.
+
+    Reads runners with GITHUB_RUNNERS_TOKEN (or GITHUB_TOKEN); comments with GITHUB_TOKEN."""
+
+    def run() -> None:
+        from pipelines.github.comment import StickyComment
+        from pipelines.github.runners import capacity
+
+        wanted = [x.strip() for x in labels.split(",") if x.strip()]
+        result = capacity(_host(_runners_config(repo)).runners(), wanted, nodes)
+        if pr is not None and experiment is not None and not result.ok:
+            config = _config(repo)
+            StickyComment.for_experiment(_host(config), pr, experiment, author=config.bot_login).upsert_section(
+                "capacity", f"⏳ {result.message}.")
+        if os.environ.get("GITHUB_OUTPUT"):
+            with open(os.environ["GITHUB_OUTPUT"], "a", encoding="utf-8") as fh:
+                fh.write(f"capacity_ok={'true' if result.ok else 'false'}\n")
+        typer.echo(result.message)
+
+    _guarded(run)

@@ -1,9 +1,259 @@
-"""Commands of the 'run' area (filled in by its issue)."""
+"""`pipeline run | train | status | cancel | runs | doctor | demo`: orchestration commands.
+
+Every import of the flow, the launchers, MLflow or torch happens inside the command, so
+this module stays cheap to import (it is loaded for every `pipeline` invocation).
+"""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from validation.errors import PipelineError, UsageError
+
+
+def _fail(exc: PipelineError) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(exc.exit_code)
+
+
+class RichReporter:
+    """Progress bars: one line per stage event, a bar per training run fed by metrics.jsonl."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+
+    def stage(self, experiment: str, stage: str, event: str, detail: str = "") -> None:
+        icon = {"started": "[cyan]>[/]", "finished": "[green]ok[/]", "skipped": "[dim]=[/]", "reused": "[dim]=[/]",
+                "failed": "[red]x[/]"}.get(event, "-")
+        suffix = f" [dim]{detail}[/]" if detail else ""
+        word = {"skipped": "cached", "reused": "reused finished run"}.get(event, event)
+        self.console.print(f"{icon} {experiment:<16} {stage:<9} {word}{suffix}")
+
+    def training(self, label: str, run_dir: Path, total_steps: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        progress = Progress(
+            TextColumn("  [bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            console=self.console, transient=False,
+        )
+        task = progress.add_task(label, total=total_steps, loss="-")
+        stop = threading.Event()
+
+        def follow() -> None:
+            metrics = run_dir / "metrics.jsonl"
+            offset = 0
+            while not stop.is_set():
+                if metrics.exists():
+                    with metrics.open("r", encoding="utf-8") as fh:
+                        fh.seek(offset)
+                        chunk = fh.read()
+                        # Only consume complete lines; a half-written line is read next time.
+                        cut = chunk.rfind("\n") + 1
+                        offset += len(chunk[:cut].encode("utf-8"))
+                    for line in chunk[:cut].splitlines():
+                        try:
+                            point = json.loads(line)
+                        except ValueError:
+                            continue
+                        if point.get("key") == "train/loss":
+                            progress.update(task, completed=int(point["step"]), loss=f"{point['value']:.3f}")
+                stop.wait(0.5)
+
+        progress.start()
+        thread = threading.Thread(target=follow, daemon=True)
+        thread.start()
+
+        def done() -> None:
+            stop.set()
+            thread.join(timeout=2)
+            progress.stop()
+
+        return done
+
+
+def _repo(path: Path | None = None) -> Path:
+    from pipelines.orchestrate import repo_root_of
+
+    return repo_root_of(path or Path.cwd())
+
+
+def run(
+    file: Annotated[Path, typer.Argument(help="Experiment YAML, e.g. experiments/higher-lr.yaml.")],
+    launcher: Annotated[str | None, typer.Option(help="Override resource.launcher: local, slurm or static.")] = None,
+    pr: Annotated[int | None, typer.Option(help="Pull request number (tags the runs, targets the comment).")] = None,
+    sha: Annotated[str | None, typer.Option(help="Head SHA the run is bound to.")] = None,
+    no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Skip the smoke stage.")] = False,
+    no_baseline: Annotated[bool, typer.Option("--no-baseline", help="Do not train the baseline first.")] = False,
+    force: Annotated[bool, typer.Option(help="Re-run stages and trainings even when a result exists.")] = False,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI (default: sqlite file mlflow.db).")] = None,
+) -> None:
+    """Run every stage of an experiment locally: validate, prepare, check, smoke, train, evaluate, report.
+
+    The hypothesis' baseline runs first (on the same seeds) unless a finished run with the
+    current code and data exists; stages already done for the same identity are skipped.
+    """
+    from pipelines.orchestrate import ExperimentFlow, RunOptions, summary_lines
+
+    if not file.is_file():
+        raise _fail(UsageError(f"{file}: no such experiment file"))
+    options = RunOptions(launcher=launcher, pr=pr, sha=sha, smoke=not no_smoke, force=force,
+                         run_baseline=not no_baseline, tracking_uri=tracking_uri)
+    reporter = RichReporter()
+    flow = ExperimentFlow(_repo(file), options, reporter)
+    try:
+        candidate, baseline = flow.run(file)
+    except PipelineError as exc:
+        raise _fail(exc) from None
+    reporter.console.rule("summary")
+    for line in summary_lines(candidate, baseline, flow.tracking_uri):
+        typer.echo(line)
+
+
+def train(
+    file: Annotated[Path, typer.Argument(help="Experiment YAML to train.")],
+    launcher: Annotated[str | None, typer.Option(help="local, slurm or static (default: the spec's).")] = None,
+    detach: Annotated[bool, typer.Option(help="Submit and return the job id (Slurm) instead of following it.")] = False,
+    pr: Annotated[int | None, typer.Option(help="Pull request number.")] = None,
+    sha: Annotated[str | None, typer.Option(help="Head SHA the launch is bound to.")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI.")] = None,
+) -> None:
+    """Train an experiment (and its baseline when missing) and report; what `/train` runs on a GPU runner."""
+    from pipelines.orchestrate import ExperimentFlow, RunOptions, summary_lines
+
+    if not file.is_file():
+        raise _fail(UsageError(f"{file}: no such experiment file"))
+    options = RunOptions(launcher=launcher, detach=detach, pr=pr, sha=sha, smoke=False, tracking_uri=tracking_uri)
+    reporter = RichReporter()
+    flow = ExperimentFlow(_repo(file), options, reporter)
+    try:
+        candidate, baseline = flow.run(file)
+    except PipelineError as exc:
+        raise _fail(exc) from None
+    for line in summary_lines(candidate, baseline, flow.tracking_uri):
+        typer.echo(line)
+
+
+def status(run_ref: Annotated[str, typer.Argument(help="Run directory, <experiment>/<run-id> or run id.")]) -> None:
+    """Show the stages of a run and the state of its trainings."""
+    from pipelines.rundir import read_json, resolve_run
+
+    run_dir = resolve_run(_repo(), run_ref)
+    if run_dir is None:
+        raise _fail(UsageError(f"{run_ref}: no such run under runs/"))
+    typer.echo(f"run {run_dir}")
+    for stage in ("validate", "prepare", "check", "smoke", "train", "evaluate", "report"):
+        data = read_json(run_dir / "stages" / f"{stage}.json")
+        state = "pending" if not data else data.get("status", "?")
+        extra = f"  {data.get('message', '')}" if data and data.get("message") else ""
+        typer.echo(f"  {stage:<9} {state}{extra}")
+    for seed_dir in sorted((run_dir / "train").glob("seed-*")):
+        result = read_json(seed_dir / "result.json")
+        job = read_json(seed_dir / "launch.json") or {}
+        if result:
+            fm = result.get("final_metrics", {})
+            typer.echo(f"  {seed_dir.name}: {result.get('status')} at step {result.get('steps')} "
+                       f"eval/loss={fm.get('eval/loss', float('nan')):.4f}")
+        else:
+            ckpts = sorted((seed_dir / "checkpoints").glob("step_*"))
+            typer.echo(f"  {seed_dir.name}: running or interrupted (job {job.get('job_id', '-')}, "
+                       f"last checkpoint {ckpts[-1].name if ckpts else 'none'})")
+
+
+def cancel(run_ref: Annotated[str, typer.Argument(help="Run directory, <experiment>/<run-id> or run id.")]) -> None:
+    """Cancel a run's trainings gracefully: each saves a checkpoint, then stops."""
+    from pipelines.launchers import cancel_run_dir
+    from pipelines.rundir import resolve_run
+
+    run_dir = resolve_run(_repo(), run_ref)
+    if run_dir is None:
+        raise _fail(UsageError(f"{run_ref}: no such run under runs/"))
+    try:
+        n = cancel_run_dir(run_dir)
+    except PipelineError as exc:
+        raise _fail(exc) from None
+    typer.echo(f"cancel requested for {n} training job(s) of {run_dir}")
+
+
+def runs(
+    experiment: Annotated[str | None, typer.Option(help="Only this experiment.")] = None,
+    limit: Annotated[int, typer.Option(help="Rows to show.")] = 20,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI.")] = None,
+) -> None:
+    """Recent training runs from MLflow: experiment, seed, status, metrics, identity."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipelines.orchestrate import default_tracking_uri
+
+    uri = tracking_uri or default_tracking_uri(_repo())
+    try:
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        exps = client.search_experiments()
+        names = {e.experiment_id: e.name for e in exps if not experiment or e.name == experiment}
+        found = mlflow.search_runs(experiment_ids=list(names), max_results=limit, order_by=["start_time DESC"],
+                                   output_format="list", ) if names else []
+    except Exception as exc:  # MLflow raises many types; the user needs one line.
+        raise _fail(PipelineError(f"cannot read runs from MLflow at {uri}: {exc}")) from None
+    table = Table("experiment", "seed", "status", "eval/loss", "eval/bpb", "tokens/s", "identity", "started")
+    for r in found:
+        m, t = r.data.metrics, r.data.tags
+        table.add_row(names.get(r.info.experiment_id, "?"), t.get("pipeline.seed", "-"), r.info.status,
+                      f"{m['eval/loss']:.4f}" if "eval/loss" in m else "-", f"{m['eval/bpb']:.4f}" if "eval/bpb" in m else "-",
+                      f"{m['perf/tokens_per_s']:.0f}" if "perf/tokens_per_s" in m else "-", t.get("pipeline.identity", "-"),
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000)))
+    Console().print(table)
+    if not found:
+        typer.echo(f"no runs yet in {uri}")
+
+
+def doctor(
+    file: Annotated[Path, typer.Argument(help="Experiment YAML that will be trained on this machine.")],
+    world_size: Annotated[int | None, typer.Option(help="Expected number of processes (default: from the spec).")] = None,
+) -> None:
+    """Startup checklist on the machine that will train: config, environment, resources, data, layout."""
+    from pipelines.doctor import run_doctor
+    from validation.loader import load_spec
+
+    try:
+        spec = load_spec(file)
+        report = run_doctor(spec, expect_world_size=world_size)
+    except PipelineError as exc:
+        raise _fail(exc) from None
+    typer.echo(report.render_text())
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def demo(
+    experiment: Annotated[str, typer.Option(help="Example experiment to run end to end.")] = "higher-lr",
+) -> None:
+    """The whole PR flow on this machine: build the demo corpus, validate and plan every example,
+    then run one experiment end to end (baseline included) with local MLflow."""
+    from pipelines.demo import run_demo
+
+    try:
+        run_demo(_repo(), experiment)
+    except PipelineError as exc:
+        raise _fail(exc) from None
 
 
 def register(app: typer.Typer) -> None:
-    """Add this area's commands to the main app."""
+    """Add the orchestration commands to the main app."""
+    app.command()(run)
+    app.command()(train)
+    app.command()(status)
+    app.command()(cancel)
+    app.command()(runs)
+    app.command()(doctor)
+    app.command()(demo)

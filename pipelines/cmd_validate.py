@@ -1,9 +1,307 @@
-"""Commands of the 'validate' area (filled in by its issue)."""
+"""`pipeline validate | plan | schema`: the configuration layer on the command line.
+
+`validate` is the first check a pull request gets, on a GitHub-hosted runner, so it
+imports only pydantic, PyYAML and the spec modules (a test holds it to that). Every
+problem in every file is printed as one line (`path:line:col: field: message`), as a
+GitHub annotation (`--format github`) or as JSON; exit code 2 when there is any.
+`plan` adds what the run will look like: the resolved spec, what changed against the
+baseline (or the base it extends), the parallel layout, memory, compute and approval
+tier from `validation.preflight`.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
 import typer
+
+from validation.errors import Issue, SpecError
+
+if TYPE_CHECKING:
+    from validation.loader import LoadedSpec
+    from validation.spec import ExperimentSpec
+
+# Fields that say who and why, not what is trained: left out of the "changes" diff.
+_NOT_A_CHANGE = ("$schema", "schema_ref", "name", "owner", "description", "extends", "hypothesis")
+
+
+class ValidateFormat(StrEnum):
+    text = "text"
+    json = "json"
+    github = "github"
+
+
+class PlanFormat(StrEnum):
+    text = "text"
+    json = "json"
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
+    app.command("validate")(validate)
+    app.command("plan")(plan)
+    app.command("schema")(schema)
+
+
+# --------------------------------------------------------------------------- validate
+
+
+def validate(
+    files: Annotated[
+        list[Path],
+        typer.Argument(help="Experiment YAML files (a directory means its *.yaml).", show_default=False),
+    ],
+    output_format: Annotated[
+        ValidateFormat, typer.Option("--format", "-f", help="text, json, or github (workflow annotations).")
+    ] = ValidateFormat.text,
+) -> None:
+    """Check experiment files: every problem, each with file:line:col and what to change. Exit 2 on any."""
+    from validation.loader import check_spec, display_path
+
+    expanded = [p for f in files for p in (sorted(f.glob("*.yaml")) or [f] if f.is_dir() else [f])]
+    results: list[dict[str, Any]] = []
+    for path in expanded:
+        spec, issues = check_spec(path)
+        results.append(
+            {
+                "file": display_path(path),
+                "ok": not issues,
+                "name": spec.name if spec else None,
+                "spec_hash": spec.spec_hash() if spec else None,
+                "issues": issues,
+            }
+        )
+    all_issues = [issue for result in results for issue in result["issues"]]
+
+    if output_format is ValidateFormat.json:
+        payload = {
+            "ok": not all_issues,
+            "files": [{**result, "issues": [_issue_dict(i) for i in result["issues"]]} for result in results],
+        }
+        typer.echo(json.dumps(payload, indent=2))
+    elif output_format is ValidateFormat.github:
+        for issue in all_issues:
+            typer.echo(issue.github())
+    else:
+        _print_text(results)
+
+    bad_files = sum(1 for r in results if not r["ok"])
+    if output_format is not ValidateFormat.json:
+        summary = f"{len(results)} file(s): {len(results) - bad_files} ok, {bad_files} with {len(all_issues)} issue(s)"
+        typer.echo(summary, err=True)
+    if all_issues:
+        raise typer.Exit(SpecError.exit_code)
+
+
+def _issue_dict(issue: Issue) -> dict[str, Any]:
+    return {
+        "file": issue.file,
+        "line": issue.line,
+        "col": issue.col,
+        "field": issue.field,
+        "message": issue.message,
+    }
+
+
+def _print_text(results: list[dict[str, Any]]) -> None:
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.markup import escape
+
+        console = Console(highlight=False, soft_wrap=True)  # one issue = one line, never wrapped
+        for result in results:
+            if result["ok"]:
+                console.print(
+                    f"[green]ok[/] {escape(result['file'])} [dim]({result['name']}, spec {result['spec_hash']})[/]"
+                )
+            for issue in result["issues"]:
+                console.print(
+                    f"[bold]{escape(issue.file)}:{issue.line}:{issue.col}[/]: [cyan]{escape(issue.field)}[/]: "
+                    f"{escape(issue.message)}"
+                )
+        return
+    for result in results:
+        if result["ok"]:
+            typer.echo(f"ok {result['file']} ({result['name']}, spec {result['spec_hash']})")
+        for issue in result["issues"]:
+            typer.echo(issue.text())
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def plan(
+    file: Annotated[Path, typer.Argument(help="One experiment YAML file.", show_default=False)],
+    output_format: Annotated[
+        PlanFormat, typer.Option("--format", "-f", help="text or json.")
+    ] = PlanFormat.text,
+) -> None:
+    """Show what an experiment will run: resolved spec, changes vs its baseline, layout, memory, compute, tier."""
+    from validation.loader import load_located
+
+    loaded = load_located(file)
+    if loaded.issues:
+        _fail_issues(loaded.issues)
+    spec = loaded.spec
+    assert spec is not None
+
+    reference, reference_note = _reference_for(spec, loaded)
+    changes = diff_specs(reference.resolved_dict(), spec.resolved_dict()) if reference else []
+    preflight, preflight_text, preflight_note = _preflight(spec, loaded)
+
+    if output_format is PlanFormat.json:
+        payload = {
+            "experiment": spec.name,
+            "file": str(file),
+            "spec_hash": spec.spec_hash(),
+            "hypothesis": spec.hypothesis.model_dump(mode="json"),
+            "compared_with": reference_note,
+            "changes": [{"field": f, "from": a, "to": b} for f, a, b in changes],
+            "preflight": preflight,
+            "preflight_note": preflight_note,
+            "resolved": spec.resolved_dict(),
+        }
+        typer.echo(json.dumps(payload, indent=2))
+        return
+
+    lines = [
+        f"experiment: {spec.name} (spec {spec.spec_hash()}, {spec.model.parameter_count():,} parameters)",
+        f"hypothesis: {spec.hypothesis.metric} should {spec.hypothesis.direction} by >= "
+        f"{spec.hypothesis.min_effect:.1%} vs {spec.hypothesis.baseline}",
+        "",
+        f"changes vs {reference_note}:" if reference else f"changes: none shown ({reference_note})",
+    ]
+    if reference and not changes:
+        lines.append("  (no training-relevant field differs)")
+    lines += [f"  {field}: {_show(before)} -> {_show(after)}" for field, before, after in changes]
+    lines.append("")
+    lines.append(preflight_text if preflight_text is not None else f"preflight: {preflight_note}")
+    lines += ["", "resolved spec:"]
+    lines += ["  " + line for line in _yaml_text(spec.resolved_dict()).splitlines()]
+    typer.echo("\n".join(lines))
+
+
+def _fail_issues(issues: list[Issue]) -> None:
+    for issue in issues:
+        typer.echo(issue.text())
+    raise typer.Exit(SpecError.exit_code)
+
+
+def _reference_for(spec: ExperimentSpec, loaded: LoadedSpec) -> tuple[ExperimentSpec | None, str]:
+    """The baseline experiment's file when there is one, else the base this file extends."""
+    from validation.loader import EXPERIMENTS_DIR, check_spec, display_path, find_repo_root
+
+    top = loaded.files[0] if loaded.files else None
+    candidates: list[Path] = []
+    if top is not None and spec.hypothesis.baseline != "champion":
+        candidates.append(find_repo_root(top) / EXPERIMENTS_DIR / f"{spec.hypothesis.baseline}.yaml")
+    if len(loaded.files) > 1:
+        candidates.append(loaded.files[1])
+    for candidate in candidates:
+        if not candidate.is_file() or (top is not None and candidate.resolve() == top.resolve()):
+            continue
+        reference, issues = check_spec(candidate)
+        if reference is not None:
+            return reference, f"{reference.name} ({display_path(candidate)})"
+        return None, f"{display_path(candidate)} does not validate ({len(issues)} issue(s))"
+    return None, "no baseline experiment file and no extends base to compare with"
+
+
+def _preflight(spec: ExperimentSpec, loaded: LoadedSpec) -> tuple[dict[str, Any] | None, str | None, str]:
+    """Run `validation.preflight` if it is available; its SpecError (nothing fits) fails the plan."""
+    try:
+        from validation.preflight import make_plan, render_plan_text
+    except ImportError as exc:
+        return None, None, f"not available ({exc})"
+    try:
+        result = make_plan(spec, locate=loaded.locate)
+    except SpecError as exc:
+        _fail_issues(exc.issues)
+        raise AssertionError("unreachable") from exc
+    return result.to_dict(), render_plan_text(result), "ok"
+
+
+def diff_specs(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """Changed leaf fields as (dotted path, before, after); lists of mappings compared per item."""
+    flat_before, flat_after = _flatten(before), _flatten(after)
+    changes = []
+    for key in sorted(set(flat_before) | set(flat_after), key=_field_order(flat_before, flat_after)):
+        if key.split(".", 1)[0].split("[", 1)[0] in _NOT_A_CHANGE:
+            continue
+        old, new = flat_before.get(key, "<unset>"), flat_after.get(key, "<unset>")
+        if old != new:
+            changes.append((key, old, new))
+    return changes
+
+
+def _field_order(*flats: dict[str, Any]):
+    order: dict[str, int] = {}
+    for flat in flats:
+        for key in flat:
+            order.setdefault(key, len(order))
+    return lambda key: order[key]
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+        out = {}
+        for index, item in enumerate(value):
+            out.update(_flatten(item, f"{prefix}[{index}]"))
+        return out
+    return {prefix: value}
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) or value == "<unset>" else value
+
+
+def _yaml_text(data: dict[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def schema(
+    check: Annotated[
+        bool, typer.Option("--check", help="Fail (exit 1) if experiments/schema.json is stale.")
+    ] = False,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Where to write (default: <repo>/experiments/schema.json)."),
+    ] = None,
+) -> None:
+    """Generate experiments/schema.json (editor completion) from the spec models."""
+    from validation.loader import display_path
+    from validation.schema import is_current, schema_path, write_schema
+
+    target = output or schema_path(_repo_root_from_cwd())
+    if check:
+        if not is_current(target):
+            typer.echo(
+                f"{display_path(target)} is stale or missing; run `pipeline schema` and commit it", err=True
+            )
+            raise typer.Exit(1)
+        typer.echo(f"{display_path(target)} is up to date")
+        return
+    written = write_schema(target)
+    typer.echo(f"{'wrote' if written else 'unchanged'} {display_path(target)}")
+
+
+def _repo_root_from_cwd() -> Path:
+    cwd = Path.cwd().resolve()
+    for candidate in (cwd, *cwd.parents):
+        if (candidate / "experiments").is_dir() and (candidate / "validation").is_dir():
+            return candidate
+    return Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -420,7 +420,7 @@ class ExperimentSpec(Section):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
 
     # Fields that do not change what is trained (excluded from the spec hash).
-    COSMETIC_FIELDS: tuple[str, ...] = ("schema_ref", "description", "owner", "extends", "name")
+    COSMETIC_FIELDS: ClassVar[tuple[str, ...]] = ("schema_ref", "description", "owner", "extends", "name")
 
     def resolved_dict(self) -> dict[str, Any]:
         """The resolved spec as plain JSON data (what the trainer reads)."""

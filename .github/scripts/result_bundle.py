@@ -1,0 +1,196 @@
+"""The result bundle that experiment-pr.yml hands to experiment-comment.yml.
+
+Two halves, run on opposite sides of the trust boundary:
+
+* `render` runs in the untrusted PR job (the PR's copy of this file): it turns the
+  stage outcomes and the files the stages wrote into one `comment.md` per experiment.
+* `verify` runs in the trusted comment job (the default branch's copy): it reads the
+  downloaded bundle strictly as data. The PR number must be digits, the head SHA 40
+  hex and equal to the workflow run's head SHA, every name an experiment name, every
+  body a plain file under GitHub's comment limit; and the API must confirm that the
+  PR's current head is that commit. Only then are `pr` and `experiments` written to
+  $GITHUB_OUTPUT for `pipeline comment`.
+
+Standard library only: the trusted side must not depend on anything the PR ships.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+# Same pattern as ExperimentSpec.name (validation/spec.py); duplicated on purpose so
+# the trusted side imports nothing from the repository's packages.
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{2,63}$")
+PR_RE = re.compile(r"^[1-9][0-9]{0,8}$")
+SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+COMMENT_LIMIT = 65_536
+STAGES_IN_ORDER = ("validate", "plan", "data", "data check", "smoke")
+
+
+class BundleRejected(Exception):
+    """The bundle is not what an honest experiment-pr run writes; nothing is posted."""
+
+
+@dataclass(frozen=True)
+class VerifiedBundle:
+    pr: int
+    head_sha: str
+    experiments: list[str]
+
+
+def _read_small_text(path: Path, limit: int = 200) -> str:
+    if path.is_symlink() or not path.is_file():
+        raise BundleRejected(f"{path.name}: missing or not a plain file")
+    data = path.read_bytes()
+    if len(data) > limit:
+        raise BundleRejected(f"{path.name}: larger than {limit} bytes")
+    try:
+        return data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise BundleRejected(f"{path.name}: not ASCII") from None
+
+
+def read_bundle(bundle: Path, run_head_sha: str) -> VerifiedBundle:
+    """Check the bundle's shape and values; raise BundleRejected with one line on the first problem."""
+    pr_text = _read_small_text(bundle / "pr-number")
+    if not PR_RE.fullmatch(pr_text):
+        raise BundleRejected(f"pr-number: {pr_text[:20]!r} is not a pull request number")
+    sha = _read_small_text(bundle / "head-sha")
+    if not SHA_RE.fullmatch(sha):
+        raise BundleRejected("head-sha: not a 40-hex commit SHA")
+    if sha != run_head_sha:
+        raise BundleRejected(f"head-sha: bundle says {sha}, the workflow run tested {run_head_sha}")
+    names = _read_small_text(bundle / "experiments", limit=64 * 66).split()
+    for name in names:
+        if not NAME_RE.fullmatch(name):
+            raise BundleRejected(f"experiments: {name[:70]!r} is not an experiment name")
+        body = bundle / name / "comment.md"
+        if body.is_symlink() or not body.is_file():
+            raise BundleRejected(f"{name}/comment.md: missing or not a plain file")
+        if body.stat().st_size > COMMENT_LIMIT:
+            raise BundleRejected(f"{name}/comment.md: over GitHub's {COMMENT_LIMIT}-character comment limit")
+    return VerifiedBundle(pr=int(pr_text), head_sha=sha, experiments=list(dict.fromkeys(names)))
+
+
+def pull_request_head(api_url: str, repository: str, pr: int, token: str | None) -> tuple[str, str]:
+    """(head SHA, state) of a pull request, asked from the REST API."""
+    request = urllib.request.Request(f"{api_url.rstrip('/')}/repos/{repository}/pulls/{pr}")
+    request.add_header("Accept", "application/vnd.github+json")
+    request.add_header("X-GitHub-Api-Version", "2022-11-28")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            payload = json.load(response)
+    except urllib.error.HTTPError as exc:
+        raise BundleRejected(f"pull request #{pr}: the API answered {exc.code}") from None
+    except (urllib.error.URLError, TimeoutError, ValueError) as exc:
+        raise BundleRejected(f"pull request #{pr}: the API could not be read ({exc})") from None
+    return str(payload["head"]["sha"]), str(payload.get("state", ""))
+
+
+def verify(bundle: Path, run_head_sha: str, api_url: str, repository: str, token: str | None) -> VerifiedBundle:
+    verified = read_bundle(bundle, run_head_sha)
+    head, state = pull_request_head(api_url, repository, verified.pr, token)
+    if head != run_head_sha:
+        raise BundleRejected(
+            f"pull request #{verified.pr}: its head is {head}, the run tested {run_head_sha} (stale or foreign bundle)"
+        )
+    if state and state != "open":
+        raise BundleRejected(f"pull request #{verified.pr} is {state}")
+    return verified
+
+
+# --------------------------------------------------------------------------- render (untrusted side)
+
+_ICON = {"success": "✅", "failure": "❌", "skipped": "⏭️", "cancelled": "⏹️"}
+
+
+def render_comment(name: str, stages: dict[str, str], folder: Path) -> str:
+    """Markdown for one experiment's sticky comment at the end of the PR checks."""
+    passed = all(stages.get(stage) == "success" for stage in STAGES_IN_ORDER)
+    lines = [f"### Experiment `{name}`", ""]
+    for stage in STAGES_IN_ORDER:
+        outcome = stages.get(stage) or "skipped"
+        lines.append(f"- {_ICON.get(outcome, '•')} {stage}: {outcome}")
+    lines.append("")
+    for title, path in (("Plan", folder / "plan.txt"),):
+        if path.is_file() and path.stat().st_size:
+            text = path.read_text(encoding="utf-8", errors="replace")[:20_000]
+            lines += [f"<details><summary>{title}</summary>", "", "```text", text.rstrip(), "```", "", "</details>", ""]
+    for md in sorted(folder.glob("*/*.md")):
+        text = md.read_text(encoding="utf-8", errors="replace")[:15_000]
+        lines += [f"<details><summary>{md.parent.name}</summary>", "", text.rstrip(), "", "</details>", ""]
+    if passed:
+        lines.append("**Awaiting `/train`** from a maintainer (write access).")
+    else:
+        lines.append("Checks did not pass; see the workflow run's annotations and log.")
+    body = "\n".join(lines) + "\n"
+    return body[: COMMENT_LIMIT - 200]
+
+
+def render(bundle: Path, stages: dict[str, str]) -> list[Path]:
+    written = []
+    names = (bundle / "experiments").read_text(encoding="utf-8").split()
+    for name in names:
+        folder = bundle / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "stages.json").write_text(json.dumps(stages, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        out = folder / "comment.md"
+        out.write_text(render_comment(name, stages, folder), encoding="utf-8")
+        written.append(out)
+    return written
+
+
+def _write_outputs(values: dict[str, str]) -> None:
+    target = os.environ.get("GITHUB_OUTPUT")
+    lines = "".join(f"{key}={value}\n" for key, value in values.items())
+    if target:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write(lines)
+    else:
+        sys.stdout.write(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_render = sub.add_parser("render", help="write <name>/comment.md for every experiment in the bundle")
+    p_render.add_argument("bundle", type=Path)
+    p_render.add_argument("--stage", action="append", default=[], help="STAGE=OUTCOME (a step's outcome)")
+    p_verify = sub.add_parser("verify", help="check a downloaded bundle; write pr and experiments outputs")
+    p_verify.add_argument("bundle", type=Path)
+    p_verify.add_argument("--head-sha", required=True, help="head_sha of the workflow run that made the bundle")
+    args = parser.parse_args(argv)
+
+    if args.command == "render":
+        stages = dict(item.split("=", 1) for item in args.stage)
+        for path in render(args.bundle, stages):
+            print(f"wrote {path}")
+        return 0
+
+    try:
+        verified = verify(
+            args.bundle, args.head_sha,
+            api_url=os.environ["GITHUB_API_URL"],
+            repository=os.environ["GITHUB_REPOSITORY"],
+            token=os.environ.get("GH_TOKEN") or os.environ.get("GITHUB_TOKEN"),
+        )
+    except BundleRejected as exc:
+        print(f"::error title=result bundle rejected::{exc}")
+        return 1
+    _write_outputs({"pr": str(verified.pr), "experiments": " ".join(verified.experiments)})
+    print(f"bundle verified: PR #{verified.pr} at {verified.head_sha}: {' '.join(verified.experiments) or '(none)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""`make demo`: the experiment PR flow on one laptop, with real data and a local MLflow.
+
+1. build the demo corpus from this interpreter's standard library (no download);
+2. what CI does on the PR: validate every experiment, plan the chosen one;
+3. what `/train` does: run the experiment end to end, its baseline first on the same seeds
+   (data checks, smoke, training, evaluation), then the comparison report;
+4. the sticky comment is written to the run directory (no token needed).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from validation.errors import UsageError
+
+
+def run_demo(repo: Path, experiment: str) -> None:
+    from pipelines.cmd_run import RichReporter
+    from pipelines.orchestrate import ExperimentFlow, RunOptions, summary_lines
+    from trainer.data import build_demo_corpus
+    from validation.loader import load_spec
+    from validation.preflight import make_plan, render_plan_text
+
+    console = Console(stderr=True)
+    started = time.time()
+    spec_path = repo / "experiments" / f"{experiment}.yaml"
+    if not spec_path.is_file():
+        choices = sorted(p.stem for p in (repo / "experiments").glob("*.yaml"))
+        raise UsageError(f"{spec_path}: no such experiment; choose one of {', '.join(choices)}")
+
+    console.rule("1. demo corpus (standard library of this interpreter)")
+    demo_dir = repo / "data" / "demo"
+    build_demo_corpus(demo_dir)
+    for f in sorted(demo_dir.glob("*.jsonl")):
+        console.print(f"  {f.relative_to(repo)}  {f.stat().st_size / 1e6:.2f} MB")
+
+    console.rule("2. pull request checks: validate and plan")
+    for f in sorted((repo / "experiments").glob("*.yaml")):
+        spec = load_spec(f)
+        console.print(f"  [green]valid[/] {f.relative_to(repo)}  hypothesis: {spec.hypothesis.metric} "
+                      f"{spec.hypothesis.direction} >= {spec.hypothesis.min_effect:.0%} vs {spec.hypothesis.baseline}")
+    spec = load_spec(spec_path)
+    console.print(render_plan_text(make_plan(spec)))
+
+    console.rule(f"3. /train {experiment}: baseline and candidate, then the report")
+    reporter = RichReporter()
+    flow = ExperimentFlow(repo, RunOptions(), reporter)
+    candidate, baseline = flow.run(spec_path)
+
+    console.rule("4. the pull request comment")
+    assert candidate.report_dir is not None
+    comment = candidate.report_dir / "comment.md"
+    shown = comment if comment.exists() else candidate.report_dir / "report.md"
+    text = shown.read_text(encoding="utf-8")
+    console.print(text[:3000] + ("\n..." if len(text) > 3000 else ""), markup=False, highlight=False)
+    console.rule("summary")
+    for line in summary_lines(candidate, baseline, flow.tracking_uri):
+        print(line)
+    print(f"comment      {shown}")
+    print(f"demo took    {time.time() - started:.0f} s")

@@ -1,0 +1,330 @@
+"""Promotion on merge: gates (pure) and the MLflow registry move (thin adapter).
+
+For each experiment a merged PR adds or changes, the model is promoted only when:
+
+1. a training run *finished* on the PR's final head SHA (MLflow tag
+   `pipeline.code_version` equals that SHA, and the tree was not dirty);
+2. its verdict passes the gates (`supported`), or someone with write access other than
+   the author applied the override label (`promote-override`), as the PR's label events
+   show (who applied it is asked of the API, not assumed);
+3. at least `required_approvals` approving reviews were submitted *on that SHA* by users
+   with write access who are not the author; each reviewer's latest review counts
+   (a later "changes requested" or a dismissal cancels an approval; plain comments do not).
+
+Then the run's model is registered (`create_model_version(name, source, run_id)`,
+reused when that run is already a version), the alias `champion` moves to it and the
+previous champion keeps the alias `previous-champion`. Running it twice changes nothing
+the second time. A refused promotion says why in the experiment's sticky comment.
+
+Where the verdict comes from: the run's tag `pipeline.verdict` if the reporter set one,
+else `verdict.outcome` of `report/result.json`, which `reports.publish.build_report`
+logs to the first candidate's MLflow run. Tag `pipeline.gates_passed` ("true"/"false"),
+when present, overrides the outcome-based gate.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from pipelines.github.chatops import experiments_in
+from pipelines.github.client import WRITE_ROLES, CodeHost, LabelEvent, Review, ReviewHost
+from pipelines.github.comment import StickyComment
+from pipelines.github.events import PullRequestEvent
+
+OVERRIDE_LABEL = "promote-override"
+CHAMPION, PREVIOUS = "champion", "previous-champion"
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+# --------------------------------------------------------------------------- pure gates
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    """The finished training run of one experiment at one commit (from MLflow)."""
+
+    experiment: str
+    mlflow_run_id: str
+    code_version: str
+    status: str  # MLflow run status: FINISHED, FAILED, KILLED, RUNNING
+    dirty: bool
+    verdict: str | None  # supported | refuted | inconclusive | None (no report)
+    gates_passed: bool | None  # explicit gate result when the reporter recorded one
+    model_source: str
+    hypothesis: str = ""
+
+
+@dataclass(frozen=True)
+class GateResult:
+    experiment: str
+    ok: bool
+    reasons: tuple[str, ...]
+    approvals: tuple[str, ...]
+    override_by: str | None = None
+
+
+def latest_reviews(reviews: Iterable[Review]) -> dict[str, Review]:
+    """Each reviewer's latest review that carries a decision (comments do not change it)."""
+    latest: dict[str, Review] = {}
+    for r in sorted(reviews, key=lambda r: (r.submitted_at, r.id)):
+        if r.state in ("APPROVED", "CHANGES_REQUESTED", "DISMISSED"):
+            latest[r.user] = r
+    return latest
+
+
+def counted_approvals(
+    reviews: Iterable[Review], *, head_sha: str, author: str, permissions: Mapping[str, str]
+) -> tuple[str, ...]:
+    """Logins whose latest decision is an approval of `head_sha`, with write access, not the author."""
+    return tuple(sorted(
+        user for user, r in latest_reviews(reviews).items()
+        if r.state == "APPROVED" and r.commit_id == head_sha and user != author
+        and permissions.get(user, "none") in WRITE_ROLES
+    ))
+
+
+def override_actor(
+    events: Iterable[LabelEvent], *, label: str, author: str, permissions: Mapping[str, str],
+    current_labels: Sequence[str],
+) -> str | None:
+    """Who applied the override label (latest application), if it counts: the label is
+    still on the PR and was applied by someone with write access who is not the author."""
+    if label not in current_labels:
+        return None
+    appliers = [e for e in sorted(events, key=lambda e: (e.created_at, e.id)) if e.label == label]
+    if not appliers:
+        return None
+    actor = appliers[-1].actor
+    if actor == author or permissions.get(actor, "none") not in WRITE_ROLES:
+        return None
+    return actor
+
+
+def check_gates(
+    *,
+    experiment: str,
+    head_sha: str,
+    record: TrainingRecord | None,
+    approvals: Sequence[str],
+    required_approvals: int,
+    override_by: str | None,
+) -> GateResult:
+    """Every reason a promotion is refused (empty = promote)."""
+    reasons: list[str] = []
+    short = head_sha[:12]
+    if record is None:
+        reasons.append(f"no training run of `{experiment}` on the final head commit `{short}`")
+    else:
+        if record.status != "FINISHED":
+            reasons.append(f"the training run on `{short}` did not finish (status {record.status})")
+        if record.dirty:
+            reasons.append("the training run was made from a working tree with uncommitted changes")
+        passed = record.gates_passed if record.gates_passed is not None else record.verdict == "supported"
+        if not passed and override_by is None:
+            verdict = record.verdict or "missing (no report)"
+            reasons.append(f"the verdict is {verdict}; a reviewer with write access can apply "
+                           f"the `{OVERRIDE_LABEL}` label to promote anyway")
+    if len(approvals) < required_approvals:
+        reasons.append(f"{len(approvals)} approving review(s) on `{short}` by people with write access other "
+                       f"than the author; {required_approvals} required")
+    return GateResult(experiment, not reasons, tuple(reasons), tuple(approvals), override_by)
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+class TrainingLookup(Protocol):
+    def training_record(self, experiment: str, sha: str) -> TrainingRecord | None: ...
+
+
+@dataclass(frozen=True)
+class Promotion:
+    version: str
+    previous: str | None
+    changed: bool
+
+
+class ModelRegistry(Protocol):
+    def promote(self, record: TrainingRecord, tags: Mapping[str, str]) -> Promotion: ...
+
+
+class MlflowPromotion:
+    """`TrainingLookup` and `ModelRegistry` over `MlflowClient` (mlflow imported lazily)."""
+
+    def __init__(self, tracking_uri: str | None, model_name: str, registry_uri: str | None = None):
+        import os
+
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # CI logs, not a terminal
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
+        self.model_name = model_name
+
+    def training_record(self, experiment: str, sha: str) -> TrainingRecord | None:
+        assert _SHA.match(sha), "a full lower-case hex SHA; it goes into a filter string"
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            return None
+        runs = self.client.search_runs(
+            [exp.experiment_id], filter_string=f"tags.`pipeline.code_version` = '{sha}'",
+            order_by=["attributes.start_time DESC"], max_results=50,
+        )
+        if not runs:
+            return None
+        finished = [r for r in runs if r.info.status == "FINISHED"] or runs
+        # Prefer the run that carries the verdict (the first candidate of the report).
+        best, verdict, hypothesis = finished[0], None, ""
+        for run in finished:
+            verdict, hypothesis = self._verdict(run)
+            if verdict is not None:
+                best = run
+                break
+        tags = best.data.tags
+        gates = tags.get("pipeline.gates_passed")
+        return TrainingRecord(
+            experiment=experiment,
+            mlflow_run_id=best.info.run_id,
+            code_version=sha,
+            status=best.info.status,
+            dirty=tags.get("pipeline.dirty", "false").lower() == "true",
+            verdict=verdict,
+            gates_passed=None if gates is None else gates.lower() == "true",
+            model_source=f"{best.info.artifact_uri.rstrip('/')}/model",
+            hypothesis=hypothesis or tags.get("pipeline.hypothesis", ""),
+        )
+
+    def _verdict(self, run: Any) -> tuple[str | None, str]:
+        tag = run.data.tags.get("pipeline.verdict")
+        if tag:
+            return tag, run.data.tags.get("pipeline.hypothesis", "")
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                local = self.client.download_artifacts(run.info.run_id, "report/result.json", tmp)
+                result = json.loads(Path(local).read_text(encoding="utf-8"))
+        except Exception:  # no report logged for this run (an MLflow error of any kind)
+            return None, ""
+        outcome = (result.get("verdict") or {}).get("outcome")
+        statement = (result.get("hypothesis") or {}).get("statement") or ""
+        return (outcome if isinstance(outcome, str) else None), statement
+
+    def promote(self, record: TrainingRecord, tags: Mapping[str, str]) -> Promotion:
+        from mlflow.exceptions import MlflowException
+
+        name = self.model_name
+        try:
+            self.client.get_registered_model(name)
+        except MlflowException:
+            self.client.create_registered_model(name, description="Promoted by the GitOps training pipeline on merge.")
+        existing = self.client.search_model_versions(f"name = '{name}' and run_id = '{record.mlflow_run_id}'")
+        if existing:
+            version = str(max(int(v.version) for v in existing))
+        else:
+            version = str(self.client.create_model_version(
+                name, record.model_source, run_id=record.mlflow_run_id, tags=dict(tags),
+                description=record.hypothesis[:5000] or None,
+            ).version)
+        try:
+            current = str(self.client.get_model_version_by_alias(name, CHAMPION).version)
+        except MlflowException:
+            current = None
+        if current == version:
+            return Promotion(version, self._alias(PREVIOUS), changed=False)
+        if current is not None:
+            self.client.set_registered_model_alias(name, PREVIOUS, current)
+        self.client.set_registered_model_alias(name, CHAMPION, version)
+        return Promotion(version, current, changed=True)
+
+    def _alias(self, alias: str) -> str | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return str(self.client.get_model_version_by_alias(self.model_name, alias).version)
+        except MlflowException:
+            return None
+
+
+# --------------------------------------------------------------------------- flow
+
+
+@dataclass(frozen=True)
+class PromotionOutcome:
+    gate: GateResult
+    promotion: Promotion | None
+    message: str
+
+
+class PromoteHost(CodeHost, ReviewHost, Protocol):
+    """The PyGithub adapter implements both."""
+
+
+def promote_merged(
+    event: PullRequestEvent,
+    host: PromoteHost,
+    lookup: TrainingLookup,
+    registry: ModelRegistry,
+    *,
+    model_name: str,
+    required_approvals: int = 1,
+    bot_login: str | None,
+    override_label: str = OVERRIDE_LABEL,
+    sleep: Callable[[float], None] | None = None,
+) -> list[PromotionOutcome]:
+    """Check the gates for every experiment of a merged PR, promote those that pass and
+    say what happened in each experiment's sticky comment. [] when the PR was not merged."""
+    if not event.merged:
+        return []
+    number = event.pull_request.number
+    pr = host.pull_request(number)  # the API's view: final head SHA, current labels, files
+    experiments = experiments_in(pr.files)
+    if not experiments:
+        return []
+    reviews = host.reviews(number)
+    events = host.label_events(number)
+    people = {r.user for r in reviews} | {e.actor for e in events if e.label == override_label}
+    permissions = {login: host.permission(login) for login in sorted(people) if login}
+    approvals = counted_approvals(reviews, head_sha=pr.head_sha, author=pr.author, permissions=permissions)
+    override_by = override_actor(events, label=override_label, author=pr.author, permissions=permissions,
+                                 current_labels=pr.labels)
+    outcomes = []
+    for exp in experiments:
+        record = lookup.training_record(exp, pr.head_sha) if _SHA.match(pr.head_sha) else None
+        gate = check_gates(experiment=exp, head_sha=pr.head_sha, record=record, approvals=approvals,
+                           required_approvals=required_approvals, override_by=override_by)
+        promotion = None
+        if gate.ok:
+            assert record is not None
+            tags = {
+                "pipeline.pr": str(number), "pipeline.sha": pr.head_sha, "pipeline.experiment": exp,
+                "pipeline.verdict": record.verdict or "", "pipeline.hypothesis": record.hypothesis[:5000],
+                "pipeline.approved_by": ",".join(approvals), "pipeline.override_by": override_by or "",
+            }
+            promotion = registry.promote(record, tags)
+        message = render_outcome(gate, promotion, model_name)
+        kw: dict[str, Any] = {"author": bot_login}
+        if sleep is not None:
+            kw["sleep"] = sleep
+        StickyComment.for_experiment(host, number, exp, **kw).upsert_section("promotion", message)
+        outcomes.append(PromotionOutcome(gate, promotion, message))
+    return outcomes
+
+
+def render_outcome(gate: GateResult, promotion: Promotion | None, model_name: str) -> str:
+    """The promotion section of the sticky comment (only validated names and numbers)."""
+    if promotion is not None:
+        lines = [f"### 🏆 Promoted: `{model_name}` version {promotion.version} is now `{CHAMPION}`", ""]
+        if promotion.previous and promotion.changed:
+            lines.append(f"The previous champion (version {promotion.previous}) keeps the alias `{PREVIOUS}`.")
+        elif not promotion.changed:
+            lines.append("It already was the champion; nothing changed.")
+        approvers = ", ".join(f"@{a}" for a in gate.approvals) or "none"
+        lines.append(f"Approved by {approvers}." + (f" Verdict overridden by @{gate.override_by}." if gate.override_by else ""))
+        return "\n".join(lines)
+    lines = ["### 🚫 Not promoted", "", "The model was not registered because:", ""]
+    lines += [f"- {r}" for r in gate.reasons]
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""Run identity: what a training run is bound to, so equal work is reused, not re-run.
+
+identity = hash(code version, spec hash, data version, seed)
+
+The *code version* is the git tree hash of the code that can change a trained model
+(`trainer/`, `validation/`, `pyproject.toml`), plus a dirty flag and, when dirty, a
+hash of the uncommitted content of those paths. We deliberately do not use the commit
+SHA for the identity: a PR that only adds `experiments/x.yaml` moves the commit but
+cannot change what the baseline trains, and the baseline must be reused across PRs.
+The full commit SHA is still recorded (tag `pipeline.git_sha`) for traceability.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Paths whose content can change what a run trains or how it is evaluated.
+CODE_PATHS = ("trainer", "validation", "pyproject.toml")
+
+
+@dataclass(frozen=True)
+class CodeVersion:
+    git_sha: str
+    """Commit checked out (or 'nogit')."""
+    tree: str
+    """Content hash of CODE_PATHS at that commit, plus uncommitted changes when dirty."""
+    dirty: bool
+    """Uncommitted changes under CODE_PATHS."""
+    trainer: str
+    """Content hash of trainer/ alone (a baseline on other trainer code is flagged stale)."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.git_sha[:12]}{'-dirty' if self.dirty else ''}"
+
+
+def _git(repo: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _hash_files(repo: Path, paths: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    for rel in paths:
+        base = repo / rel
+        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
+        for f in files:
+            if "__pycache__" in f.parts or f.suffix == ".pyc":
+                continue
+            h.update(str(f.relative_to(repo)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def code_version(repo: Path) -> CodeVersion:
+    """The code version of the working tree at `repo` (works without git, then always 'dirty')."""
+    sha = _git(repo, "rev-parse", "HEAD")
+    if sha is None:
+        content = _hash_files(repo, CODE_PATHS)
+        return CodeVersion("nogit", content[:16], True, _hash_files(repo, ("trainer",))[:16])
+    status = _git(repo, "status", "--porcelain", "--", *CODE_PATHS) or ""
+    dirty = bool(status.strip())
+    trees = [_git(repo, "rev-parse", f"HEAD:{p}") or "absent" for p in CODE_PATHS]
+    tree = hashlib.sha256("|".join(trees).encode()).hexdigest()
+    trainer = (trees[0] or "absent")[:16]
+    if dirty:
+        # Same uncommitted content -> same identity, so a dirty laptop run is still reusable.
+        tree = hashlib.sha256((tree + _hash_files(repo, CODE_PATHS)).encode()).hexdigest()
+        trainer = _hash_files(repo, ("trainer",))[:16]
+    return CodeVersion(sha, tree[:16], dirty, trainer)
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Everything a trained model depends on. Equal identity -> reuse the finished run."""
+
+    experiment: str
+    seed: int
+    code: CodeVersion
+    spec_hash: str
+    data_version: str
+
+    @property
+    def key(self) -> str:
+        # The experiment name is not part of the key: the same config under another
+        # name is the same work (spec_hash already excludes cosmetic fields).
+        payload = json.dumps(
+            {"code": self.code.tree, "spec": self.spec_hash, "data": self.data_version, "seed": self.seed},
+            sort_keys=True,
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def to_dict(self, **extra: object) -> dict[str, object]:
+        out: dict[str, object] = {
+            "identity": self.key,
+            "experiment": self.experiment,
+            "seed": self.seed,
+            "code_version": self.code.tree,
+            "git_sha": self.code.git_sha,
+            "dirty": self.code.dirty,
+            "trainer_version": self.code.trainer,
+            "spec_hash": self.spec_hash,
+            "data_version": self.data_version,
+        }
+        out.update(extra)
+        return out
+
+    @staticmethod
+    def code_from_dict(d: dict[str, object]) -> CodeVersion:
+        return CodeVersion(str(d["git_sha"]), str(d["code_version"]), bool(d["dirty"]), str(d["trainer_version"]))
+
+
+def experiment_key(code: CodeVersion, spec_hash: str, data_version: str, seeds: list[int]) -> str:
+    """Key of one experiment invocation (all its seeds): names its run directory."""
+    payload = json.dumps({"code": code.tree, "spec": spec_hash, "data": data_version, "seeds": seeds}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+__all__ = ["CODE_PATHS", "CodeVersion", "RunIdentity", "code_version", "experiment_key", "asdict"]

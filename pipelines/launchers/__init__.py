@@ -1,0 +1,73 @@
+"""Launchers: run `accelerate launch ... -m trainer` on this host, on Slurm, or at a fixed rendezvous.
+
+```python
+from pipelines.launchers import get_launcher, job_from_spec, run_with_retries
+job = job_from_spec(spec, spec_path=run / "spec.resolved.json", run_dir=run, data_dir=cache)
+launcher = get_launcher(spec.resource.launcher)          # "local" | "slurm" | "static"
+handle = launcher.submit(job)                             # doctor first, then start; returns at once
+state = launcher.wait(handle, on_log=print)               # or poll(handle) / cancel(handle)
+outcome = run_with_retries(launcher, job, on_log=print)   # relaunch after crashes (local/static)
+```
+A handle is saved to `RUN/launch.json`; `handle_for_run(run_dir)` finds it again from another
+process (`pipeline status RUN`, `pipeline cancel RUN`, a detached Slurm job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipelines.launchers.interface import JobState, Launcher, LaunchHandle, LaunchJob, LogSink, Phase
+from pipelines.launchers.retry import RetryOutcome, Verdict, classify, run_with_retries
+from validation.errors import LaunchError
+
+if TYPE_CHECKING:
+    from validation.spec import ExperimentSpec
+
+__all__ = [
+    "JobState", "LaunchHandle", "LaunchJob", "Launcher", "LogSink", "Phase", "RetryOutcome", "Verdict",
+    "classify", "get_launcher", "handle_for_run", "job_from_spec", "run_with_retries",
+]
+
+LAUNCHER_NAMES = ("local", "slurm", "static")
+
+
+def get_launcher(name: str) -> Launcher:
+    """The launcher called `name` (`local`, `slurm` or `static`)."""
+    if name == "local":
+        from pipelines.launchers.local import LocalLauncher
+
+        return LocalLauncher()
+    if name == "slurm":
+        from pipelines.launchers.slurm import SlurmLauncher
+
+        return SlurmLauncher()
+    if name == "static":
+        from pipelines.launchers.static import StaticLauncher
+
+        return StaticLauncher()
+    raise LaunchError(f"unknown launcher '{name}'; choose one of {', '.join(LAUNCHER_NAMES)}")
+
+
+def job_from_spec(spec: ExperimentSpec, *, spec_path: Path, run_dir: Path, data_dir: Path,
+                  tracking_uri: str | None = None, env: Mapping[str, str] | None = None,
+                  **overrides: object) -> LaunchJob:
+    """A `LaunchJob` with the resources of `spec.resource` (keyword overrides win)."""
+    res = spec.resource
+    fields: dict[str, object] = dict(
+        spec_path=Path(spec_path).resolve(), run_dir=Path(run_dir).resolve(), data_dir=Path(data_dir).resolve(),
+        nodes=res.nodes, procs_per_node=res.gpus_per_node or res.cpu_processes, use_gpu=res.gpus_per_node > 0,
+        env=dict(env or {}), tracking_uri=tracking_uri, time_limit_minutes=res.time_limit_minutes,
+        partition=res.partition, rendezvous=res.rendezvous, max_restarts=spec.train.max_restarts,
+    )
+    fields.update(overrides)
+    return LaunchJob(**fields)  # type: ignore[arg-type]
+
+
+def handle_for_run(run_dir: Path) -> LaunchHandle:
+    """The handle saved by `submit` in `RUN/launch.json`."""
+    try:
+        return LaunchHandle.load(Path(run_dir))
+    except FileNotFoundError as exc:
+        raise LaunchError(f"{run_dir}: no launch.json (was this run launched?)") from exc

@@ -1,0 +1,360 @@
+"""One command, the whole experiment flow: validate -> prepare -> check -> smoke -> train
+-> evaluate -> report, for the baseline (first, when it has no finished run with the
+current code and data) and the candidate, on the same seeds.
+
+This module decides what to run and in which order; the work itself is done by the data
+layer (`trainer.data`), the data checks (`validation.data_checks`), the launchers
+(`pipelines.launchers`) and `reports`. It does not know what a transformer is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.identity import CodeVersion, RunIdentity, code_version, experiment_key
+from pipelines.rundir import atomic_write_json, finished_training_runs, new_run_dir, read_json
+from pipelines.stages import StageOutcome, StageRunner
+from validation.errors import PipelineError, TrainingError, UsageError
+from validation.spec import ExperimentSpec
+
+
+def repo_root_of(path: Path) -> Path:
+    """The repository holding `path`: the nearest parent with an `experiments/` folder."""
+    for parent in [path.resolve(), *path.resolve().parents]:
+        if (parent / "experiments").is_dir() and (parent / "pyproject.toml").exists():
+            return parent
+    return Path.cwd().resolve()
+
+
+def default_tracking_uri(repo: Path) -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo / 'mlflow.db'}"
+
+
+@dataclass
+class RunOptions:
+    """How to run; the defaults are a laptop run."""
+
+    launcher: str | None = None
+    """Override `resource.launcher` (local, slurm, static)."""
+    detach: bool = False
+    """Submit and return (Slurm) instead of following the job."""
+    pr: int | None = None
+    """Pull request number, recorded as a tag and used for the comment."""
+    sha: str | None = None
+    """Head SHA the launch is bound to."""
+    tracking_uri: str | None = None
+    smoke: bool = True
+    """Run the smoke stage before training."""
+    force: bool = False
+    """Re-run stages even when their result exists for the same identity."""
+    run_baseline: bool = True
+    """Train the baseline first when it has no finished run."""
+
+
+class Reporter:
+    """Where progress goes (the CLI draws progress bars; tests record events)."""
+
+    def stage(self, experiment: str, stage: str, event: str, detail: str = "") -> None:  # pragma: no cover - UI
+        pass
+
+    def training(self, label: str, run_dir: Path, total_steps: int) -> Callable[[], None]:  # pragma: no cover - UI
+        """Start showing a training run; returns a function to call when it ends."""
+        return lambda: None
+
+
+@dataclass
+class ExperimentResult:
+    """The outcome of one experiment (all its seeds)."""
+
+    spec: ExperimentSpec
+    spec_path: Path
+    run_dir: Path
+    data_version: str
+    seed_dirs: list[Path]
+    reused: list[bool]
+    report_dir: Path | None = None
+    verdict: str | None = None
+    verdict_reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def seeds_of(spec: ExperimentSpec) -> list[int]:
+    return [spec.train.seed + i for i in range(spec.hypothesis.seeds)]
+
+
+def with_seed(spec: ExperimentSpec, seed: int) -> ExperimentSpec:
+    data = spec.model_dump(mode="json", by_alias=True)
+    data["train"]["seed"] = seed
+    return ExperimentSpec.model_validate(data)
+
+
+def baseline_path(spec: ExperimentSpec, spec_path: Path) -> Path | None:
+    """The baseline experiment file, or None for `champion` (compared via the registry)."""
+    name = spec.hypothesis.baseline
+    if name == "champion" or name == spec.name:
+        return None
+    path = spec_path.resolve().parent / f"{name}.yaml"
+    if not path.is_file():
+        raise UsageError(f"{spec_path}: hypothesis.baseline: experiment '{name}' not found at {path}")
+    return path
+
+
+class ExperimentFlow:
+    """Runs the stages of experiments in one repository with shared caches."""
+
+    def __init__(self, repo: Path, options: RunOptions | None = None, reporter: Reporter | None = None):
+        self.repo = repo
+        self.options = options or RunOptions()
+        self.reporter = reporter or Reporter()
+        self.code: CodeVersion = code_version(repo)
+        self.tracking_uri = self.options.tracking_uri or default_tracking_uri(repo)
+
+    # ------------------------------------------------------------------ public
+
+    def run(self, spec_path: Path) -> tuple[ExperimentResult, ExperimentResult | None]:
+        """The whole flow for `spec_path`; returns (candidate, baseline)."""
+        from validation.loader import load_spec
+
+        spec = load_spec(spec_path)
+        baseline: ExperimentResult | None = None
+        base_file = baseline_path(spec, spec_path)
+        if base_file is not None and self.options.run_baseline:
+            base_spec = load_spec(base_file)
+            # Paired comparison: the baseline runs on the candidate's seeds.
+            baseline = self.run_one(base_spec, base_file, seeds=seeds_of(spec), role="baseline")
+        candidate = self.run_one(spec, spec_path, seeds=seeds_of(spec), role="candidate", baseline=baseline)
+        return candidate, baseline
+
+    def run_one(
+        self,
+        spec: ExperimentSpec,
+        spec_path: Path,
+        *,
+        seeds: list[int],
+        role: str,
+        baseline: ExperimentResult | None = None,
+    ) -> ExperimentResult:
+        name = spec.name
+        rep = self.reporter
+        started = time.time()
+
+        rep.stage(name, "validate", "started")
+        t0 = time.time()
+        # Loaded already by the caller; recorded here so the run dir tells the whole story.
+        rep.stage(name, "validate", "finished", f"{time.time() - t0:.2f}s")
+
+        rep.stage(name, "prepare", "started")
+        prepared = self._prepare(spec)
+        rep.stage(name, "prepare", "finished", f"data {prepared.version}")
+
+        run_id = experiment_key(self.code, spec.spec_hash(), prepared.version, seeds)
+        run_dir = new_run_dir(self.repo, name, run_id)
+        ident = f"{self.code.tree}:{spec.spec_hash()}:{prepared.version}:{','.join(map(str, seeds))}"
+        stages = StageRunner(run_dir, ident, on_event=lambda s, e, r: rep.stage(name, s, e, _detail(r)) if s not in ("validate", "prepare") else None)
+        atomic_write_json(run_dir / "spec.resolved.json", spec.resolved_dict())
+        atomic_write_json(
+            run_dir / "identity.json",
+            {"experiment": name, "role": role, "run_id": run_id, "seeds": seeds, "code_version": self.code.tree,
+             "git_sha": self.code.git_sha, "dirty": self.code.dirty, "spec_hash": spec.spec_hash(),
+             "data_version": prepared.version, "spec_path": str(spec_path.resolve()), "pr": self.options.pr},
+        )
+        stages.run("validate", lambda: StageOutcome(
+            outputs={"spec_path": str(spec_path.resolve()), "spec_hash": spec.spec_hash()},
+            artifacts=[(run_dir / "spec.resolved.json", "json")]))
+        stages.run("prepare", lambda: StageOutcome(
+            outputs={"data_version": prepared.version, "data_dir": str(prepared.path)},
+            artifacts=[(prepared.path / "manifest.json", "json")]))
+
+        base_prepared = self._prepare_cached(baseline.spec) if baseline is not None else None
+        stages.run("check", lambda: self._check(spec, prepared, base_prepared, run_dir / "check"), force=self.options.force)
+        if self.options.smoke:
+            stages.run("smoke", lambda: self._smoke(spec, spec_path, run_dir / "smoke"), force=self.options.force)
+
+        seed_dirs: list[Path] = []
+        reused: list[bool] = []
+
+        def train() -> StageOutcome:
+            for seed in seeds:
+                d, was_reused = self._train_seed(spec, seed, prepared, run_dir, role)
+                seed_dirs.append(d)
+                reused.append(was_reused)
+            return StageOutcome(
+                outputs={"seed_dirs": [str(d) for d in seed_dirs], "reused": reused},
+                artifacts=[(d / "result.json", "json") for d in seed_dirs] + [(d / "metrics.jsonl", "jsonl") for d in seed_dirs],
+            )
+
+        train_result = stages.run("train", train, force=self.options.force)
+        if not seed_dirs:  # skipped: restore from the stage result
+            seed_dirs = [Path(p) for p in train_result.outputs["seed_dirs"]]
+            reused = [True] * len(seed_dirs)
+
+        stages.run("evaluate", lambda: self._evaluate(spec, seed_dirs, run_dir), force=self.options.force)
+        result = ExperimentResult(spec, spec_path, run_dir, prepared.version, seed_dirs, reused)
+        if role == "candidate":
+            rep_stage = stages.run("report", lambda: self._report(result, baseline), force=True)
+            result.report_dir = Path(rep_stage.outputs["report_dir"])
+            result.verdict = rep_stage.outputs.get("verdict")
+            result.verdict_reason = rep_stage.outputs.get("verdict_reason", "")
+        result.extra["wall_s"] = time.time() - started
+        return result
+
+    # ------------------------------------------------------------------ stages
+
+    def _prepare(self, spec: ExperimentSpec):  # -> trainer.data.PreparedData
+        from pipelines.resources import ensure_disk_space
+        from trainer.data import prepare_data
+
+        ensure_disk_space(self.repo / "data", need_gb=1.0, what="data preparation")
+        return prepare_data(spec.data, self.repo, progress=True)
+
+    def _prepare_cached(self, spec: ExperimentSpec):
+        from trainer.data import prepare_data
+
+        return prepare_data(spec.data, self.repo, progress=False)
+
+    def _check(self, spec: ExperimentSpec, prepared, base_prepared, out_dir: Path) -> StageOutcome:
+        from validation.data_checks import run_data_checks
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        result = run_data_checks(spec, prepared, baseline=base_prepared, out_dir=out_dir)
+        outputs = {"ok": bool(result.success), "markdown": str(out_dir / "data_check.md"), "json": str(out_dir / "data_check.json")}
+        if not result.success:
+            from validation.errors import DataCheckFailed
+
+            raise DataCheckFailed(f"data checks failed for {spec.name}; see {out_dir / 'data_check.md'}")
+        return StageOutcome(outputs=outputs, artifacts=[(out_dir / "data_check.json", "json"), (out_dir / "data_check.md", "file")])
+
+    def _smoke(self, spec: ExperimentSpec, spec_path: Path, out_dir: Path) -> StageOutcome:
+        from trainer.smoke import run_smoke
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        result = run_smoke(spec, repo_root=self.repo, out_dir=out_dir)
+        return StageOutcome(outputs={"smoke": result}, artifacts=[(out_dir / "smoke.json", "json")])
+
+    def _train_seed(self, spec: ExperimentSpec, seed: int, prepared, run_dir: Path, role: str) -> tuple[Path, bool]:
+        identity = RunIdentity(spec.name, seed, self.code, spec.spec_hash(), prepared.version)
+        existing = finished_training_runs(self.repo).get(identity.key)
+        if existing is not None and not self.options.force:
+            self.reporter.stage(spec.name, "train", "reused", f"seed {seed}: {existing}")
+            return existing, True
+        seed_dir = run_dir / "train" / f"seed-{seed}"
+        seed_dir.mkdir(parents=True, exist_ok=True)
+        seeded = with_seed(spec, seed)
+        atomic_write_json(seed_dir / "spec.resolved.json", seeded.resolved_dict())
+        launcher = self.options.launcher or spec.resource.launcher
+        atomic_write_json(
+            seed_dir / "identity.json",
+            identity.to_dict(run_id=f"{run_dir.name}-s{seed}", pr=self.options.pr, launcher=launcher,
+                             head_sha=self.options.sha, role=role),
+        )
+        from pipelines.launchers import LaunchJob, get_launcher, run_with_retries
+
+        job = LaunchJob(
+            spec_path=seed_dir / "spec.resolved.json",
+            run_dir=seed_dir,
+            data_dir=prepared.path,
+            nodes=spec.resource.nodes,
+            procs_per_node=spec.resource.gpus_per_node or spec.resource.cpu_processes,
+            use_gpu=spec.resource.gpus_per_node > 0,
+            env={"MLFLOW_TRACKING_URI": self.tracking_uri},
+            tracking_uri=self.tracking_uri,
+            time_limit_minutes=spec.resource.time_limit_minutes,
+            partition=spec.resource.partition,
+            rendezvous=spec.resource.rendezvous,
+        )
+        total = spec.total_steps(spec.parallel_layout().dp)
+        done = self.reporter.training(f"{spec.name} seed {seed}", seed_dir, total)
+        try:
+            state = run_with_retries(get_launcher(launcher), job, max_restarts=spec.train.max_restarts)
+        finally:
+            done()
+        result = read_json(seed_dir / "result.json")
+        if not result or result.get("status") != "finished":
+            status = result.get("status") if result else "no result.json"
+            reason = (result or {}).get("reason") or (result or {}).get("message") or getattr(state, "message", "")
+            raise TrainingError(f"training {spec.name} seed {seed} ended '{status}': {reason} (logs: {seed_dir / 'logs'})")
+        return seed_dir, False
+
+    def _evaluate(self, spec: ExperimentSpec, seed_dirs: list[Path], run_dir: Path) -> StageOutcome:
+        metric = spec.hypothesis.metric
+        per_seed: dict[str, dict[str, float]] = {}
+        for d in seed_dirs:
+            result = read_json(d / "result.json") or {}
+            metrics = result.get("final_metrics") or {}
+            value = metrics.get(metric)
+            if value is None or not math.isfinite(float(value)):
+                raise TrainingError(f"{d}: result.json has no finite value for the hypothesis metric {metric}")
+            per_seed[d.name] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        out = run_dir / "evaluation.json"
+        atomic_write_json(out, {"experiment": spec.name, "metric": metric, "per_seed": per_seed})
+        return StageOutcome(outputs={"metric": metric, "values": {k: v[metric] for k, v in per_seed.items()}},
+                            artifacts=[(out, "json")])
+
+    def _report(self, candidate: ExperimentResult, baseline: ExperimentResult | None) -> StageOutcome:
+        from reports import build_report
+
+        out_dir = candidate.run_dir / "report"
+        report = build_report(
+            candidate_dirs=candidate.seed_dirs,
+            baseline_dirs=baseline.seed_dirs if baseline else [],
+            spec=candidate.spec,
+            out_dir=out_dir,
+            mlflow_url=os.environ.get("PIPELINE_MLFLOW_PUBLIC_URL"),
+        )
+        self._publish(candidate, out_dir)
+        verdict = getattr(report, "verdict", None)
+        outputs = {
+            "report_dir": str(out_dir),
+            "verdict": getattr(verdict, "outcome", None) or getattr(verdict, "label", None) or str(verdict),
+            "verdict_reason": getattr(verdict, "reason", ""),
+        }
+        return StageOutcome(outputs=outputs, artifacts=[(out_dir / "report.md", "file"), (out_dir / "result.json", "json")])
+
+    def _publish(self, candidate: ExperimentResult, report_dir: Path) -> None:
+        """Post the sticky comment when a PR and a token are known; otherwise write it locally."""
+        body = (report_dir / "report.md").read_text(encoding="utf-8")
+        from pipelines.github import publish_comment
+
+        publish_comment(
+            experiment=candidate.spec.name, body=body, pr=self.options.pr, out_dir=report_dir,
+        )
+
+
+def _detail(result: Any) -> str:
+    if result is None:
+        return ""
+    if getattr(result, "status", "") == "failed":
+        return result.message
+    return f"{result.duration_s:.1f}s"
+
+
+def summary_lines(candidate: ExperimentResult, baseline: ExperimentResult | None, tracking_uri: str) -> list[str]:
+    lines = [f"experiment   {candidate.spec.name}  (run dir {candidate.run_dir})"]
+    if baseline is not None:
+        lines.append(f"baseline     {baseline.spec.name}  (run dir {baseline.run_dir})")
+    lines.append(f"hypothesis   {candidate.spec.hypothesis.metric} should {candidate.spec.hypothesis.direction} "
+                 f"by >= {candidate.spec.hypothesis.min_effect:.1%} vs {candidate.spec.hypothesis.baseline}")
+    if candidate.verdict:
+        lines.append(f"verdict      {candidate.verdict.upper()}: {candidate.verdict_reason}")
+    if candidate.report_dir:
+        lines.append(f"report       {candidate.report_dir / 'report.md'}")
+    if tracking_uri.startswith("sqlite:///"):
+        lines.append(f"MLflow UI    mlflow ui --backend-store-uri {tracking_uri}  (then open http://127.0.0.1:5000)")
+    else:
+        lines.append(f"MLflow       {tracking_uri}")
+    return lines
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=str)
+
+
+__all__ = ["ExperimentFlow", "RunOptions", "Reporter", "ExperimentResult", "summary_lines", "repo_root_of",
+           "PipelineError"]

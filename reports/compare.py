@@ -1,0 +1,187 @@
+"""Candidate vs baseline, paired by seed (pure: records in, `Comparison` out).
+
+Candidate and baseline run on the same seeds, so seed-to-seed noise common to both
+cancels in the per-seed difference; the confidence interval is the t-interval of the
+paired differences (`scipy.stats.t`), available from two paired seeds on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from statistics import fmean, stdev
+from typing import Any, Protocol
+
+from reports.records import RunRecord
+
+CONFIDENCE = 0.95
+
+
+class HypothesisLike(Protocol):
+    """What compare/verdict need of `validation.spec.Hypothesis` (or a dict-backed stand-in)."""
+
+    metric: str
+    direction: str
+    min_effect: float
+    alpha: float
+
+
+@dataclass(frozen=True)
+class HypothesisView:
+    """A plain hypothesis for records that carry it as a dict (run dirs, MLflow)."""
+
+    metric: str
+    direction: str
+    min_effect: float
+    alpha: float = 0.05
+    statement: str = ""
+    baseline: str = ""
+    seeds: int = 1
+
+    @classmethod
+    def of(cls, hypothesis: Any) -> HypothesisView:
+        if isinstance(hypothesis, HypothesisView):
+            return hypothesis
+        get = hypothesis.get if isinstance(hypothesis, dict) else lambda k, d=None: getattr(hypothesis, k, d)
+        return cls(
+            metric=str(get("metric")),
+            direction=str(get("direction")),
+            min_effect=float(get("min_effect")),
+            alpha=float(get("alpha", 0.05) or 0.05),
+            statement=str(get("statement", "") or ""),
+            baseline=str(get("baseline", "") or ""),
+            seeds=int(get("seeds", 1) or 1),
+        )
+
+
+@dataclass(frozen=True)
+class SeedPair:
+    seed: int | None
+    candidate: RunRecord
+    baseline: RunRecord
+
+
+@dataclass(frozen=True)
+class MetricComparison:
+    """One metric over the paired seeds. `delta` = candidate - baseline (means)."""
+
+    metric: str
+    candidate: float
+    baseline: float
+    delta: float
+    delta_pct: float | None
+    """100 * delta / |baseline|; None when the baseline is 0."""
+    n: int
+    ci_low: float | None = None
+    ci_high: float | None = None
+    """95 % t-interval of the mean paired difference (absolute units); None below 2 pairs."""
+    differences: tuple[float, ...] = ()
+
+    @property
+    def ci_pct(self) -> tuple[float, float] | None:
+        if self.ci_low is None or self.ci_high is None or not self.baseline:
+            return None
+        scale = 100.0 / abs(self.baseline)
+        return self.ci_low * scale, self.ci_high * scale
+
+
+@dataclass(frozen=True)
+class Comparison:
+    hypothesis: HypothesisView
+    pairs: tuple[SeedPair, ...]
+    metrics: dict[str, MetricComparison]
+    unpaired_candidate_seeds: tuple[int | None, ...] = ()
+    unpaired_baseline_seeds: tuple[int | None, ...] = ()
+    baseline_values: tuple[float, ...] = field(default=())
+    """The hypothesis metric over every finished baseline run (paired or not): its seed spread."""
+
+    @property
+    def primary(self) -> MetricComparison | None:
+        return self.metrics.get(self.hypothesis.metric)
+
+
+def t_interval(differences: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Two-sided t-interval of the mean of `differences`; None with fewer than 2 values."""
+    n = len(differences)
+    if n < 2:
+        return None
+    from scipy import stats
+
+    mean = fmean(differences)
+    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * stdev(differences) / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def _usable(run: RunRecord) -> bool:
+    return run.status == "finished"
+
+
+def pair_by_seed(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord]) -> tuple[list[SeedPair], list, list]:
+    """Pairs finished runs with equal seeds (first of each seed wins); lists the leftovers."""
+    base_by_seed: dict[int | None, RunRecord] = {}
+    for run in baselines:
+        if _usable(run):
+            base_by_seed.setdefault(run.seed, run)
+    pairs, lonely_candidates, seen = [], [], set()
+    for run in candidates:
+        if not _usable(run) or run.seed in seen:
+            continue
+        seen.add(run.seed)
+        if run.seed in base_by_seed:
+            pairs.append(SeedPair(run.seed, run, base_by_seed[run.seed]))
+        else:
+            lonely_candidates.append(run.seed)
+    lonely_baselines = [s for s in base_by_seed if s not in seen]
+    pairs.sort(key=lambda p: (p.seed is None, p.seed or 0))
+    return pairs, lonely_candidates, lonely_baselines
+
+
+def compare_metric(metric: str, pairs: Sequence[SeedPair]) -> MetricComparison | None:
+    values = [(p.candidate.final_metrics.get(metric), p.baseline.final_metrics.get(metric)) for p in pairs]
+    values = [(c, b) for c, b in values if c is not None and b is not None]
+    if not values:
+        return None
+    cand = fmean(c for c, _ in values)
+    base = fmean(b for _, b in values)
+    differences = tuple(c - b for c, b in values)
+    delta = fmean(differences)
+    interval = t_interval(differences)
+    return MetricComparison(
+        metric=metric,
+        candidate=cand,
+        baseline=base,
+        delta=delta,
+        delta_pct=100.0 * delta / abs(base) if base else None,
+        n=len(values),
+        ci_low=interval[0] if interval else None,
+        ci_high=interval[1] if interval else None,
+        differences=differences,
+    )
+
+
+def compare(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord], hypothesis: Any) -> Comparison:
+    """Every metric both sides report, over the seeds both sides finished."""
+    view = HypothesisView.of(hypothesis)
+    pairs, lonely_candidates, lonely_baselines = pair_by_seed(candidates, baselines)
+    keys = sorted({k for p in pairs for k in p.candidate.final_metrics} & {k for p in pairs for k in p.baseline.final_metrics})
+    keys = [k for k in keys if not k.startswith(("data/mix/", "alerts/"))]  # context, not outcomes
+    if view.metric in keys:  # the hypothesis metric first
+        keys.remove(view.metric)
+        keys.insert(0, view.metric)
+    metrics = {}
+    for key in keys:
+        result = compare_metric(key, pairs)
+        if result is not None:
+            metrics[key] = result
+    baseline_values = tuple(
+        r.final_metrics[view.metric] for r in baselines if _usable(r) and view.metric in r.final_metrics
+    )
+    return Comparison(
+        hypothesis=view,
+        pairs=tuple(pairs),
+        metrics=metrics,
+        unpaired_candidate_seeds=tuple(lonely_candidates),
+        unpaired_baseline_seeds=tuple(lonely_baselines),
+        baseline_values=baseline_values,
+    )

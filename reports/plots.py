@@ -1,0 +1,70 @@
+"""PNG plots of the curves (matplotlib, Agg backend), saved next to report.md and
+optionally logged to MLflow. The Mermaid charts in the comment are the quick look;
+these keep every point and every seed for the artifacts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from reports.report import Report
+
+PLOT_METRICS = ("train/loss", "eval/loss")
+
+
+def plot_file_name(metric: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", metric).strip("_") + ".png"
+
+
+def save_plots(report: Report, out_dir: str | Path, metrics: Sequence[str] | None = None) -> list[Path]:
+    """One PNG per metric that either side logged a history for; returns the written paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    wanted = list(dict.fromkeys([*(metrics or ()), report.hypothesis.metric, *PLOT_METRICS]))
+    written = []
+    for metric in wanted:
+        sides = (("candidate", report.experiment, report.candidates, "tab:blue"),
+                 ("baseline", report.baseline_name, report.baselines, "tab:orange"))
+        if not any(len(r.history.get(metric, [])) >= 2 for _, _, runs, _ in sides for r in runs):
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+        for side, name, runs, color in sides:
+            for i, run in enumerate(runs):
+                points = run.history.get(metric, [])
+                if not points:
+                    continue
+                steps, values = zip(*points, strict=True)
+                label = f"{side}: {name}" if i == 0 else None
+                ax.plot(steps, values, color=color, alpha=0.9 if len(runs) == 1 else 0.6, linewidth=1.2, label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel(metric)
+        ax.set_title(f"{metric}: {report.experiment} vs {report.baseline_name}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = out / plot_file_name(metric)
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def log_to_mlflow(client: Any, run_id: str, paths: Sequence[Path], artifact_path: str = "report") -> None:
+    """Logs report files to an MLflow run (`client` is an `MlflowClient`)."""
+    from mlflow.exceptions import MlflowException
+
+    from validation.errors import TrackingError
+
+    try:
+        for path in paths:
+            client.log_artifact(run_id, str(path), artifact_path=artifact_path)
+    except MlflowException as exc:
+        raise TrackingError(f"MLflow: cannot log report artifacts to run {run_id}: {exc.message}") from exc

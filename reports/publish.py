@@ -1,0 +1,178 @@
+"""`build_report`: run directories (or records) in, `report/{report.md, result.json, *.png}` out.
+
+The one adapter-level entry point the orchestrator and `pipeline report` call. It reads
+the runs, builds the pure `Report`, renders it, saves plots, optionally logs the files
+to MLflow, appends to `$GITHUB_STEP_SUMMARY` when present, and writes `result.json`
+last: the report directory's commit marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from reports.records import RunRecord, record_from_run_dir
+from reports.render import (
+    FULL_REPORT_NAME,
+    GITHUB_COMMENT_LIMIT,
+    is_truncated,
+    render_markdown,
+    write_step_summary,
+)
+from reports.report import Report, make_report
+from validation.errors import UsageError
+
+
+@dataclass(frozen=True)
+class BuiltReport:
+    report: Report
+    markdown: str
+    out_dir: Path
+    files: tuple[Path, ...]
+
+    @property
+    def verdict(self):
+        return self.report.verdict
+
+
+def load_hypothesis(spec_path: str | Path) -> dict[str, Any]:
+    """The hypothesis section of an experiment YAML or a resolved spec JSON."""
+    path = Path(spec_path)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such spec file")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path}: not valid JSON ({exc.msg})") from exc
+        hypothesis = data.get("hypothesis") if isinstance(data, dict) else None
+        if not isinstance(hypothesis, dict):
+            raise UsageError(f"{path}: has no hypothesis section")
+        return hypothesis
+    try:
+        from validation.loader import load_spec
+    except ImportError:  # the loader may not exist yet; plain YAML without `extends`
+        import yaml
+
+        from validation.spec import ExperimentSpec
+
+        try:
+            spec = ExperimentSpec.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+        except Exception as exc:  # pydantic/yaml errors: the user's file
+            raise UsageError(f"{path}: invalid experiment spec: {str(exc).splitlines()[0]}") from exc
+    else:
+        spec = load_spec(path)
+    return spec.hypothesis.model_dump(mode="json")
+
+
+def _records(items: Sequence[RunRecord | str | Path]) -> list[RunRecord]:
+    return [item if isinstance(item, RunRecord) else record_from_run_dir(item) for item in items]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and value != value:  # NaN is not JSON
+        return None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def report_result(report: Report, markdown: str, plots: Sequence[str]) -> dict[str, Any]:
+    """The machine-readable report (what promotion gates and the comment workflow read)."""
+    v = report.verdict
+    return _jsonable({
+        "experiment": report.experiment,
+        "baseline": report.baseline_name,
+        "hypothesis": asdict(report.hypothesis),
+        "verdict": {
+            "outcome": v.outcome, "reason": v.reason, "metric": v.metric, "n_pairs": v.n_pairs,
+            "effect": v.effect, "effect_ci": v.effect_ci, "p_value": v.p_value,
+            "seeds_needed": v.seeds_needed, "baseline_sd": v.baseline_sd,
+        },
+        "metrics": {
+            k: {"candidate": m.candidate, "baseline": m.baseline, "delta": m.delta, "delta_pct": m.delta_pct,
+                "ci_low": m.ci_low, "ci_high": m.ci_high, "n": m.n}
+            for k, m in report.comparison.metrics.items()
+        },
+        "pairs": [{"seed": p.seed, "candidate": p.candidate.run_id, "baseline": p.baseline.run_id} for p in report.comparison.pairs],
+        "candidate_runs": [{"run_id": r.run_id, "seed": r.seed, "status": r.status, "mlflow_run_id": r.mlflow_run_id}
+                           for r in report.candidates],
+        "baseline_runs": [{"run_id": r.run_id, "seed": r.seed, "status": r.status, "mlflow_run_id": r.mlflow_run_id}
+                          for r in report.baselines],
+        "params_diff": [asdict(c) for c in report.params_diff],
+        "data_diff": asdict(report.data_diff),
+        "cost": {"candidate": asdict(report.candidate_summary), "baseline": asdict(report.baseline_summary)},
+        "alerts": [{"run_id": run, **asdict(a)} for run, a in report.alerts],
+        "warnings": list(report.warnings),
+        "plots": list(plots),
+        "markdown_chars": len(markdown),
+        "truncated": is_truncated(markdown),
+    })
+
+
+def build_report(
+    candidate_dirs: Sequence[RunRecord | str | Path],
+    baseline_dirs: Sequence[RunRecord | str | Path] = (),
+    *,
+    spec: Any = None,
+    hypothesis: Any = None,
+    out_dir: str | Path | None = None,
+    mlflow_url: str | None = None,
+    mlflow_client: Any = None,
+    experiment: str | None = None,
+    baseline_name: str | None = None,
+    max_chars: int = GITHUB_COMMENT_LIMIT,
+    env: dict[str, str] | None = None,
+) -> BuiltReport:
+    """Reads the runs, writes `out_dir/{report.md, *.png, result.json}` and returns them.
+
+    Runs are run directories or `RunRecord`s. The hypothesis comes from `hypothesis`, else
+    `spec` (an `ExperimentSpec`, or the path of an experiment YAML / resolved JSON), else the
+    first candidate's `spec.resolved.json`. `out_dir` defaults to `<first candidate>/report`.
+    With `mlflow_client`, the files are logged to the first candidate's MLflow run.
+    """
+    candidates = list(candidate_dirs)
+    if not candidates:
+        raise UsageError("give at least one candidate run")
+    cand_records, base_records = _records(candidates), _records(baseline_dirs)
+    if hypothesis is None and spec is not None:
+        hypothesis = load_hypothesis(spec) if isinstance(spec, str | Path) else spec.hypothesis
+    if hypothesis is None and not any(r.hypothesis for r in cand_records):
+        raise UsageError("no hypothesis: pass --spec, or a candidate run whose spec.resolved.json has one")
+    if out_dir is None:
+        first = candidates[0]
+        if isinstance(first, RunRecord):
+            raise UsageError("out_dir is required when candidates are records")
+        out_dir = Path(first) / "report"
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    report = make_report(cand_records, base_records, hypothesis, experiment=experiment, baseline_name=baseline_name)
+    from reports.plots import log_to_mlflow, save_plots
+
+    plots = save_plots(report, out)
+    report = Report(**{**report.__dict__, "plots": tuple(p.name for p in plots)})
+    markdown = render_markdown(report, mlflow_url=mlflow_url, max_chars=max_chars)
+    md_path = out / "report.md"
+    md_path.write_text(markdown, encoding="utf-8")
+    result_path = out / "result.json"
+    files = [md_path, *plots]
+    if is_truncated(markdown):  # the comment had to be cut: keep everything next to it
+        full_path = out / FULL_REPORT_NAME
+        full_path.write_text(render_markdown(report, mlflow_url=mlflow_url, max_chars=2**31), encoding="utf-8")
+        files.insert(1, full_path)
+    if mlflow_client is not None:
+        target = next((r.mlflow_run_id for r in report.candidates if r.mlflow_run_id), None)
+        if target:
+            log_to_mlflow(mlflow_client, target, files)
+    write_step_summary(markdown, env if env is not None else dict(os.environ))
+    tmp = result_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report_result(report, markdown, [p.name for p in plots]), indent=2, default=str), encoding="utf-8")
+    tmp.replace(result_path)  # last: the report directory exists once this file does
+    return BuiltReport(report=report, markdown=markdown, out_dir=out, files=(*files, result_path))

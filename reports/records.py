@@ -1,0 +1,480 @@
+"""`RunRecord`: everything the report needs about one finished run, from either source.
+
+Two thin adapters fill it: `record_from_run_dir` reads the files the trainer and the
+orchestrator leave in a run directory (the contract in TEAM.md / ARCHITECTURE.md), and
+`records_from_mlflow` reads runs from an MLflow tracking server. Everything downstream
+(`compare`, `verdict`, `render_markdown`) works on records only and never touches I/O.
+
+Readers are lenient about optional files (alerts, data-check results, the plan's cost
+estimate): a missing optional file is "unknown", shown as such, never an error. A run
+directory without `result.json` is not a finished run and is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from validation.errors import PipelineError, TrackingError, UsageError
+
+# Fields of the resolved spec that do not change what is trained; left out of params diffs.
+COSMETIC_PARAM_PREFIXES = ("name", "owner", "description", "extends", "schema_ref", "hypothesis.", "sweep.")
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert the trainer raised (alerts.jsonl line or MLflow tag)."""
+
+    level: str
+    kind: str
+    message: str
+    step: int | None = None
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What the run trained on: data version, mixture asked for and realised, check outcome."""
+
+    version: str | None = None
+    mixture_requested: dict[str, float] = field(default_factory=dict)
+    mixture_realised: dict[str, float] = field(default_factory=dict)
+    checks_passed: bool | None = None
+    """None when the data-check stage left no result."""
+    checks_failed: tuple[str, ...] = ()
+    """Names of the failed expectations, for the data diff."""
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Device-hours used by the run and what the plan estimated beforehand."""
+
+    device_hours: float | None = None
+    estimate_device_hours: float | None = None
+    wall_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Perf:
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    peak_mem_gb: float | None = None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One finished (or failed) training run, as the report sees it."""
+
+    run_id: str
+    experiment: str
+    seed: int | None
+    status: str
+    final_metrics: dict[str, float]
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    """The resolved spec flattened to dotted keys (`train.lr`)."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Identity tags without the `pipeline.` prefix: code_version, data_version, spec_hash,
+    env_fingerprint, trainer_version, ..."""
+    data: DataInfo = DataInfo()
+    alerts: tuple[Alert, ...] = ()
+    cost: Cost = Cost()
+    perf: Perf = Perf()
+    env: dict[str, str] = field(default_factory=dict)
+    """The comparable part of the environment fingerprint (see COMPARED_ENV_KEYS)."""
+    mlflow_run_id: str | None = None
+    mlflow_url: str | None = None
+    hypothesis: dict[str, Any] | None = None
+    """The run's own `hypothesis` section, if its spec had one."""
+
+    @property
+    def env_fingerprint(self) -> str | None:
+        return self.tags.get("env_fingerprint")
+
+    @property
+    def trainer_version(self) -> str | None:
+        return self.tags.get("trainer_version")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts to dotted keys. A list of named items (data sources) is keyed by name,
+    so a diff says `data.sources.code.weight` rather than "the whole list changed"."""
+    if not isinstance(data, dict):
+        return {prefix: data} if prefix else {}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, path))
+        elif _named_items(value):
+            for item in value:
+                out.update(flatten({k: v for k, v in item.items() if k != "name"}, f"{path}.{item['name']}"))
+        else:
+            out[path] = value
+    return out
+
+
+def _named_items(value: Any) -> bool:
+    if not isinstance(value, list) or not value or not all(isinstance(i, dict) and "name" in i for i in value):
+        return False
+    names = [str(i["name"]) for i in value]
+    return len(set(names)) == len(names)
+
+
+# What makes two runs' numbers comparable (host name, CPU count, thread count do not);
+# the trainer names the GPU `gpu`, pipelines.envinfo names it `gpu_model`.
+COMPARED_ENV_KEYS = ("python", "torch", "cuda", "accelerate", "transformers", "gpu", "gpu_model")
+
+
+def comparable_env(env: dict[str, Any] | None) -> dict[str, str]:
+    return {k: str(env[k]) for k in COMPARED_ENV_KEYS if isinstance(env, dict) and env.get(k) is not None}
+
+
+def env_fingerprint(env: dict[str, Any] | None) -> str | None:
+    """A short stable hash of the comparable part of the environment the trainer records."""
+    subset = comparable_env(env)
+    if not subset:
+        return None
+    canonical = json.dumps(subset, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def env_diff(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """`torch: 2.13.0 vs 2.14.0` for each comparable key both sides recorded and that differs."""
+    return [f"{k}: {a[k]} vs {b[k]}" for k in COMPARED_ENV_KEYS if k in a and k in b and a[k] != b[k]]
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            # The last line may be half-written if the run was killed; earlier ones may not.
+            if number == len(lines):
+                break
+            raise UsageError(f"{path}:{number}: not valid JSON") from None
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _find_number(data: Any, names: tuple[str, ...]) -> float | None:
+    """First finite number under any of `names`, searching nested dicts breadth-first."""
+    queue = [data]
+    while queue:
+        node = queue.pop(0)
+        if isinstance(node, dict):
+            for name in names:
+                if name in node and _finite(node[name]) is not None:
+                    return _finite(node[name])
+            queue.extend(v for v in node.values() if isinstance(v, dict))
+    return None
+
+
+def _alert_from_dict(row: dict[str, Any]) -> Alert:
+    step = row.get("step")
+    return Alert(
+        level=str(row.get("level", "P2")),
+        kind=str(row.get("kind") or row.get("name") or row.get("type") or "alert"),
+        message=str(row.get("message") or row.get("msg") or ""),
+        step=int(step) if isinstance(step, int | float) and not isinstance(step, bool) else None,
+    )
+
+
+def _alert_from_tag(kind: str, text: str) -> Alert:
+    match = re.match(r"^(P\d)\s+step\s+(\d+):\s*(.*)$", text, re.S)
+    if match is None:
+        return Alert(level="P2", kind=kind, message=text)
+    return Alert(level=match.group(1), kind=kind, message=match.group(3), step=int(match.group(2)))
+
+
+def _world_size(params: dict[str, Any]) -> int:
+    nodes = int(params.get("resource.nodes") or 1)
+    gpus = int(params.get("resource.gpus_per_node") or 0)
+    per_node = gpus if gpus else int(params.get("resource.cpu_processes") or 1)
+    return nodes * per_node
+
+
+def _requested_mixture(params: dict[str, Any]) -> dict[str, float]:
+    """Mixture weights from flattened params (`data.sources.<name>.weight`) or a raw source list."""
+    sources = params.get("data.sources")
+    if isinstance(sources, list):
+        return {str(s["name"]): float(s["weight"]) for s in sources if isinstance(s, dict) and "name" in s and "weight" in s}
+    out = {}
+    for key, value in params.items():
+        if key.startswith("data.sources.") and key.endswith(".weight") and _finite(value) is not None:
+            out[key[len("data.sources."):-len(".weight")]] = float(value)
+    return out
+
+
+def _checks_summary(stage: Any) -> tuple[bool | None, tuple[str, ...]]:
+    """Reads a data-check stage result leniently: a `passed`/`success` flag and failed names."""
+    if not isinstance(stage, dict):
+        return None, ()
+    body = stage.get("result", stage) if isinstance(stage.get("result"), dict) else stage
+    passed = body.get("passed", body.get("success"))
+    failed: list[str] = []
+    for key in ("outcomes", "checks", "results", "expectations"):
+        items = body.get(key)
+        if isinstance(items, list):
+            for item in items:
+                if isinstance(item, dict) and item.get("passed", item.get("success", True)) is False:
+                    name = str(item.get("check") or item.get("name") or item.get("expectation") or "?")
+                    failed.append(f"{name} ({item['source']})" if item.get("source") else name)
+        elif isinstance(items, dict):
+            failed.extend(str(k) for k, v in items.items() if v is False or (isinstance(v, dict) and v.get("passed") is False))
+    if passed is None and (failed or any(body.get(k) is not None for k in ("outcomes", "checks"))):
+        passed = not failed
+    return (bool(passed) if passed is not None else None), tuple(failed)
+
+
+def _realised_mixture(history: dict[str, list[tuple[int, float]]], result: dict[str, Any]) -> dict[str, float]:
+    explicit = result.get("mixture_realised") or result.get("realised_mixture")
+    if isinstance(explicit, dict):
+        return {str(k): float(v) for k, v in explicit.items() if _finite(v) is not None}
+    return {key.removeprefix("data/mix/"): points[-1][1] for key, points in history.items()
+            if key.startswith("data/mix/") and points}
+
+
+# --------------------------------------------------------------------------- run directory
+
+
+def planned_device_hours(resolved_spec: dict[str, Any]) -> float | None:
+    """The preflight estimate for this spec (pure code), or None when it cannot be planned."""
+    try:
+        from validation.preflight import make_plan
+        from validation.spec import ExperimentSpec
+
+        return float(make_plan(ExperimentSpec.model_validate(resolved_spec)).compute.device_hours)
+    except (PipelineError, ValueError, ImportError, KeyError, TypeError):
+        return None  # optional context: an old or partial spec just shows no estimate
+
+
+def _data_check_of(run_dir: Path) -> tuple[bool | None, tuple[str, ...]]:
+    """The data-check outcome of the experiment a seed directory belongs to.
+
+    Seed runs live in `<experiment run>/train/seed-<n>/`; the `check` stage result is
+    `<experiment run>/stages/check.json` (a StageResult whose outputs name the detailed
+    `data_check.json`). A run directory with its own `stages/` is looked at first.
+    """
+    candidates = [run_dir / "stages"]
+    if run_dir.parent.name == "train":
+        candidates.append(run_dir.parent.parent / "stages")
+    for stages in candidates:
+        stage_path = stages / "check.json"
+        if not stage_path.is_file():
+            continue
+        stage = _read_json(stage_path)
+        if not isinstance(stage, dict):
+            continue
+        outputs = stage.get("outputs") if isinstance(stage.get("outputs"), dict) else {}
+        passed = outputs.get("ok", stage.get("status") == "ok" if "status" in stage else None)
+        failed: tuple[str, ...] = ()
+        detail = Path(str(outputs.get("json", ""))) if outputs.get("json") else None
+        if detail is not None and detail.is_file():
+            detail_passed, failed = _checks_summary(_read_json(detail))
+            passed = detail_passed if detail_passed is not None else passed
+        return (bool(passed) if passed is not None else None), failed
+    return None, ()
+
+
+def record_from_run_dir(path: str | Path) -> RunRecord:
+    """Reads a run directory: result.json (required), metrics.jsonl, alerts.jsonl,
+    spec.resolved.json, identity.json, stages/*.json."""
+    run_dir = Path(path).resolve()
+    result_path = run_dir / "result.json"
+    if not result_path.is_file():
+        raise UsageError(f"{run_dir}: not a finished run (no result.json)")
+    result = _read_json(result_path)
+    if not isinstance(result, dict):
+        raise UsageError(f"{result_path}: expected a JSON object")
+    identity = _read_json(run_dir / "identity.json") if (run_dir / "identity.json").is_file() else {}
+    spec = _read_json(run_dir / "spec.resolved.json") if (run_dir / "spec.resolved.json").is_file() else {}
+    params = flatten(spec)
+
+    history: dict[str, list[tuple[int, float]]] = {}
+    for row in _read_jsonl(run_dir / "metrics.jsonl"):
+        value = _finite(row.get("value"))
+        if value is None or "key" not in row:
+            continue
+        history.setdefault(str(row["key"]), []).append((int(row.get("step", 0)), value))
+    for points in history.values():
+        points.sort(key=lambda p: p[0])
+
+    final = {k: v for k, v in ((str(k), _finite(v)) for k, v in (result.get("final_metrics") or {}).items()) if v is not None}
+    for key, points in history.items():  # anything only in the history: its last value
+        final.setdefault(key, points[-1][1])
+
+    tags = {str(k): str(v) for k, v in identity.items() if v is not None and not isinstance(v, dict | list)}
+    env = comparable_env(result.get("env") or identity.get("env"))
+    fingerprint = env_fingerprint(env)
+    if fingerprint:
+        tags["env_fingerprint"] = fingerprint
+    trainer_version = result.get("trainer_version") or identity.get("trainer_version")
+    if trainer_version:
+        tags["trainer_version"] = str(trainer_version)
+
+    passed, failed = _data_check_of(run_dir)
+    data = DataInfo(
+        version=identity.get("data_version") or result.get("data_version"),
+        mixture_requested=_requested_mixture(params),
+        mixture_realised=_realised_mixture(history, result),
+        checks_passed=passed,
+        checks_failed=failed,
+    )
+
+    wall_s = _finite(result.get("wall_s"))
+    used = _find_number(result, ("device_hours", "gpu_hours_used"))
+    if used is None and wall_s is not None:
+        world = result.get("world_size")
+        used = wall_s * (int(world) if isinstance(world, int) and world > 0 else _world_size(params)) / 3600.0
+    estimate = _find_number(result, ("estimate_device_hours", "estimated_device_hours"))
+    if estimate is None and spec:
+        estimate = planned_device_hours(spec)
+
+    seed = identity.get("seed", params.get("train.seed"))
+    return RunRecord(
+        run_id=str(identity.get("run_id") or run_dir.name),
+        experiment=str(identity.get("experiment") or spec.get("name") or run_dir.parent.name),
+        seed=int(seed) if seed is not None else None,
+        status=str(result.get("status", "unknown")),
+        final_metrics=final,
+        history=history,
+        params=params,
+        tags=tags,
+        data=data,
+        alerts=tuple(_alert_from_dict(r) for r in _read_jsonl(run_dir / "alerts.jsonl")),
+        cost=Cost(device_hours=used, estimate_device_hours=estimate, wall_s=wall_s),
+        perf=Perf(
+            tokens_per_s=final.get("perf/tokens_per_s"),
+            mfu=final.get("perf/mfu"),
+            peak_mem_gb=final.get("perf/peak_mem_gb"),
+        ),
+        env=env,
+        mlflow_run_id=result.get("mlflow_run_id"),
+        hypothesis=spec.get("hypothesis") if isinstance(spec.get("hypothesis"), dict) else None,
+    )
+
+
+# --------------------------------------------------------------------------- MLflow
+
+
+def mlflow_run_url(base_url: str | None, experiment_id: str, run_id: str) -> str | None:
+    """Link to a run in the MLflow UI, only when a public URL is configured."""
+    if not base_url:
+        return None
+    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def records_from_mlflow(
+    client: Any,
+    experiment_name: str,
+    filter_string: str = "",
+    *,
+    public_url: str | None = None,
+    history_keys: tuple[str, ...] = ("train/loss", "eval/loss"),
+) -> list[RunRecord]:
+    """Finished runs of one MLflow experiment as records (`client` is an `MlflowClient`).
+
+    Tags `pipeline.<key>` carry the identity (the trainer writes them from identity.json);
+    parameters are the flattened resolved spec. Only the histories in `history_keys` (and
+    the hypothesis metric if given as a tag) are fetched: one request per run and key.
+    """
+    try:
+        from mlflow.exceptions import MlflowException
+    except ImportError as exc:  # pragma: no cover - mlflow is a dependency
+        raise TrackingError("mlflow is not installed") from exc
+    try:
+        experiment = client.get_experiment_by_name(experiment_name)
+        if experiment is None:
+            return []
+        runs = client.search_runs([experiment.experiment_id], filter_string=filter_string, max_results=1000)
+    except MlflowException as exc:
+        raise TrackingError(f"MLflow: cannot read experiment '{experiment_name}': {exc.message}") from exc
+
+    records = []
+    for run in runs:
+        tags = {k.removeprefix("pipeline."): v for k, v in run.data.tags.items() if k.startswith("pipeline.")}
+        params: dict[str, Any] = {}
+        for key, raw in run.data.params.items():
+            try:
+                params[key] = json.loads(raw)
+            except (json.JSONDecodeError, TypeError):
+                params[key] = raw
+        final = {k: float(v) for k, v in run.data.metrics.items() if _finite(v) is not None}
+        keys = set(history_keys) | {k for k in final if k.startswith("data/mix/")}
+        if tags.get("metric"):
+            keys.add(tags["metric"])
+        history: dict[str, list[tuple[int, float]]] = {}
+        for key in sorted(keys & set(final)):
+            try:
+                points = client.get_metric_history(run.info.run_id, key)
+            except MlflowException as exc:
+                raise TrackingError(f"MLflow: cannot read '{key}' of run {run.info.run_id}: {exc.message}") from exc
+            history[key] = sorted((int(p.step), float(p.value)) for p in points if _finite(p.value) is not None)
+        env = comparable_env({k.removeprefix("env."): v for k, v in run.data.tags.items() if k.startswith("env.")})
+        if env_fingerprint(env):
+            tags.setdefault("env_fingerprint", env_fingerprint(env))
+        # The trainer keeps the latest alert per kind as a tag `alert.<kind>` = "P1 step 40: message".
+        alerts = tuple(_alert_from_tag(k.removeprefix("alert."), v) for k, v in sorted(run.data.tags.items())
+                       if k.startswith("alert."))
+        seed = tags.get("seed", params.get("train.seed"))
+        status = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "stopped"}.get(run.info.status, run.info.status.lower())
+        wall_s = (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time and run.info.start_time else None
+        requested = _requested_mixture(params)
+        records.append(
+            RunRecord(
+                run_id=tags.get("run_id", run.info.run_id),
+                experiment=experiment_name,
+                seed=int(seed) if seed is not None else None,
+                status=status,
+                final_metrics=final,
+                history=history,
+                params=params,
+                tags=tags,
+                data=DataInfo(
+                    version=tags.get("data_version"),
+                    mixture_requested=requested,
+                    mixture_realised=_realised_mixture(history, {}),
+                ),
+                alerts=alerts,
+                cost=Cost(
+                    device_hours=_finite(tags.get("device_hours")) or (wall_s * _world_size(params) / 3600 if wall_s else None),
+                    estimate_device_hours=_finite(tags.get("estimate_device_hours")),
+                    wall_s=wall_s,
+                ),
+                perf=Perf(final.get("perf/tokens_per_s"), final.get("perf/mfu"), final.get("perf/peak_mem_gb")),
+                env=env,
+                mlflow_run_id=run.info.run_id,
+                mlflow_url=mlflow_run_url(public_url, experiment.experiment_id, run.info.run_id),
+            )
+        )
+    return records

@@ -1,0 +1,194 @@
+"""`Report`: the comparison, the verdict and the context a reviewer needs (pure).
+
+Built from records only: the parameter diff shows only fields that changed, the data
+diff the mixture, data version and checks, then cost against the plan's estimate,
+alerts, throughput/MFU/memory, and warnings about anything that makes the comparison
+less fair than it looks (different trainer code, different environment, unpaired or
+failed seeds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from statistics import fmean
+from typing import Any
+
+from reports.compare import Comparison, HypothesisView, compare
+from reports.records import COSMETIC_PARAM_PREFIXES, Alert, RunRecord, env_diff
+from reports.verdict import Verdict, verdict
+
+ABSENT = "(absent)"
+"""Shown for a field one side's spec does not have (e.g. a source only the candidate uses)."""
+
+
+@dataclass(frozen=True)
+class ParamChange:
+    field: str
+    baseline: Any
+    candidate: Any
+
+
+@dataclass(frozen=True)
+class DataDiff:
+    candidate_version: str | None
+    baseline_version: str | None
+    mixture: dict[str, tuple[float | None, float | None]]
+    """source -> (baseline weight, candidate weight) as requested."""
+    realised: dict[str, tuple[float | None, float | None]]
+    """source -> (baseline, candidate) realised share."""
+    candidate_checks: tuple[bool | None, tuple[str, ...]]
+    baseline_checks: tuple[bool | None, tuple[str, ...]]
+
+    @property
+    def version_changed(self) -> bool:
+        return self.candidate_version != self.baseline_version
+
+
+@dataclass(frozen=True)
+class SideSummary:
+    """Cost and performance of one side (means over its finished runs, sums for cost)."""
+
+    runs: int
+    device_hours: float | None
+    estimate_device_hours: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    peak_mem_gb: float | None
+
+
+@dataclass(frozen=True)
+class Report:
+    experiment: str
+    baseline_name: str
+    comparison: Comparison
+    verdict: Verdict
+    candidates: tuple[RunRecord, ...]
+    baselines: tuple[RunRecord, ...]
+    params_diff: tuple[ParamChange, ...]
+    data_diff: DataDiff
+    candidate_summary: SideSummary
+    baseline_summary: SideSummary
+    alerts: tuple[tuple[str, Alert], ...]
+    """(run id, alert) for every alert the candidate runs raised."""
+    warnings: tuple[str, ...]
+    plots: tuple[str, ...] = field(default=())
+    """File names of PNG plots next to report.md."""
+
+    @property
+    def hypothesis(self) -> HypothesisView:
+        return self.comparison.hypothesis
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+        return float(a) == float(b)
+    return a == b
+
+
+def params_diff(candidate: dict[str, Any], baseline: dict[str, Any]) -> tuple[ParamChange, ...]:
+    """Fields whose values differ (missing on one side counts), cosmetic fields and the seed left out."""
+    changes = []
+    for key in sorted(set(candidate) | set(baseline)):
+        if key.startswith(COSMETIC_PARAM_PREFIXES) or key == "train.seed":
+            continue
+        cand, base = candidate.get(key, ABSENT), baseline.get(key, ABSENT)
+        if not _same(cand, base):
+            changes.append(ParamChange(key, base, cand))
+    return tuple(changes)
+
+
+def _merge(base: dict[str, float], cand: dict[str, float]) -> dict[str, tuple[float | None, float | None]]:
+    return {s: (base.get(s), cand.get(s)) for s in sorted(set(base) | set(cand))}
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return fmean(known) if known else None
+
+
+def _sum(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def summarize(runs: Sequence[RunRecord]) -> SideSummary:
+    done = [r for r in runs if r.status == "finished"] or list(runs)
+    return SideSummary(
+        runs=len(runs),
+        device_hours=_sum([r.cost.device_hours for r in runs]),
+        estimate_device_hours=_sum([r.cost.estimate_device_hours for r in runs]),
+        tokens_per_s=_mean([r.perf.tokens_per_s for r in done]),
+        mfu=_mean([r.perf.mfu for r in done]),
+        peak_mem_gb=max((r.perf.peak_mem_gb for r in done if r.perf.peak_mem_gb is not None), default=None),
+    )
+
+
+def _warnings(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord], comparison: Comparison) -> list[str]:
+    warnings = []
+    cand_trainer = {r.trainer_version for r in candidates if r.trainer_version}
+    base_trainer = {r.trainer_version for r in baselines if r.trainer_version}
+    if cand_trainer and base_trainer and cand_trainer != base_trainer:
+        warnings.append(
+            f"Stale baseline: it ran on trainer code {', '.join(sorted(base_trainer))}, the candidate on "
+            f"{', '.join(sorted(cand_trainer))}; differences may come from the trainer, not the experiment. "
+            "Re-run the baseline on the current code to be sure.")
+    differences = sorted({line for c in candidates for b in baselines for line in env_diff(c.env, b.env)})
+    if differences:
+        warnings.append(
+            "Different environments (candidate vs baseline): " + "; ".join(differences)
+            + ". Throughput and numerics may not be comparable.")
+    failed = [r for r in candidates + baselines if r.status != "finished"]
+    if failed:
+        warnings.append("Not finished (left out of the comparison): " + ", ".join(
+            f"{r.experiment} seed {r.seed} ({r.status})" for r in failed))
+    if comparison.unpaired_candidate_seeds or comparison.unpaired_baseline_seeds:
+        warnings.append(
+            f"Unpaired seeds left out: candidate {list(comparison.unpaired_candidate_seeds)}, "
+            f"baseline {list(comparison.unpaired_baseline_seeds)}.")
+    h = comparison.hypothesis
+    if comparison.primary and comparison.primary.n < h.seeds:
+        warnings.append(f"Only {comparison.primary.n} of the {h.seeds} planned seeds could be paired.")
+    return warnings
+
+
+def make_report(
+    candidates: Sequence[RunRecord],
+    baselines: Sequence[RunRecord],
+    hypothesis: Any = None,
+    *,
+    experiment: str | None = None,
+    baseline_name: str | None = None,
+) -> Report:
+    """Everything for one comparison; `hypothesis` defaults to the candidate spec's own."""
+    candidates, baselines = tuple(candidates), tuple(baselines)
+    assert candidates, "a report needs at least one candidate run"
+    if hypothesis is None:
+        hypothesis = next((r.hypothesis for r in candidates if r.hypothesis), None)
+        assert hypothesis is not None, "no hypothesis given and none in the candidate's spec"
+    comparison = compare(candidates, baselines, hypothesis)
+    view = comparison.hypothesis
+    cand0 = candidates[0]
+    base0 = baselines[0] if baselines else None
+    data_diff = DataDiff(
+        candidate_version=cand0.data.version,
+        baseline_version=base0.data.version if base0 else None,
+        mixture=_merge(base0.data.mixture_requested if base0 else {}, cand0.data.mixture_requested),
+        realised=_merge(base0.data.mixture_realised if base0 else {}, cand0.data.mixture_realised),
+        candidate_checks=(cand0.data.checks_passed, cand0.data.checks_failed),
+        baseline_checks=(base0.data.checks_passed, base0.data.checks_failed) if base0 else (None, ()),
+    )
+    return Report(
+        experiment=experiment or cand0.experiment,
+        baseline_name=baseline_name or (base0.experiment if base0 else view.baseline or "baseline"),
+        comparison=comparison,
+        verdict=verdict(comparison),
+        candidates=candidates,
+        baselines=baselines,
+        params_diff=params_diff(cand0.params, base0.params) if base0 else (),
+        data_diff=data_diff,
+        candidate_summary=summarize(candidates),
+        baseline_summary=summarize(baselines),
+        alerts=tuple((r.run_id, a) for r in candidates for a in r.alerts),
+        warnings=tuple(_warnings(candidates, baselines, comparison)),
+    )

@@ -1,0 +1,232 @@
+"""Promotion on merge: gates as pure functions, then the whole flow through PyGithub (emulator)
+and a real MLflow registry (sqlite store): alias `champion` moves, `previous-champion` kept."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from github_emulator import REPO, SHA_A, SHA_B, GitHubEmulator, emulated_repo, emulator_config
+
+from pipelines.github.client import LabelEvent, PyGithubHost, Review
+from pipelines.github.events import PullRequestEvent, PullRequestRef
+from pipelines.github.promote import (
+    CHAMPION,
+    PREVIOUS,
+    MlflowPromotion,
+    TrainingRecord,
+    check_gates,
+    counted_approvals,
+    override_actor,
+    promote_merged,
+)
+
+EXP = "rope-theta"
+WRITERS = {"erin": "write", "mia": "maintain", "dana": "write", "frank": "read"}
+
+
+def review(user: str, state: str, sha: str = SHA_A, at: str = "2026-11-29T10:00:00", rid: int = 0) -> Review:
+    return Review(user=user, state=state, commit_id=sha, submitted_at=at, id=rid)
+
+
+def record(**kw: object) -> TrainingRecord:
+    values: dict = dict(experiment=EXP, mlflow_run_id="r1", code_version=SHA_A, status="FINISHED", dirty=False,
+                        verdict="supported", gates_passed=None, model_source="file:///m")
+    values.update(kw)
+    return TrainingRecord(**values)
+
+
+# --------------------------------------------------------------------------- pure gates
+
+
+@pytest.mark.unit
+def test_only_latest_approvals_on_the_final_sha_by_other_writers_count() -> None:
+    reviews = [
+        review("erin", "APPROVED", SHA_B, at="2026-11-29T09:00:00"),  # old commit
+        review("dana", "APPROVED"),  # the author
+        review("frank", "APPROVED"),  # read access
+        review("mia", "APPROVED", at="2026-11-29T09:00:00"),
+        review("mia", "COMMENTED", at="2026-11-29T11:00:00"),  # a comment does not undo it
+    ]
+    assert counted_approvals(reviews, head_sha=SHA_A, author="dana", permissions=WRITERS) == ("mia",)
+    withdrawn = [*reviews, review("mia", "CHANGES_REQUESTED", at="2026-11-29T12:00:00")]
+    assert counted_approvals(withdrawn, head_sha=SHA_A, author="dana", permissions=WRITERS) == ()
+    dismissed = [*reviews, review("mia", "DISMISSED", at="2026-11-29T12:00:00")]
+    assert counted_approvals(dismissed, head_sha=SHA_A, author="dana", permissions=WRITERS) == ()
+
+
+@pytest.mark.unit
+def test_override_label_counts_only_from_another_writer_while_present() -> None:
+    ev = [LabelEvent("promote-override", "erin", "2026-11-29T10:00:00")]
+    assert override_actor(ev, label="promote-override", author="dana", permissions=WRITERS,
+                          current_labels=("promote-override",)) == "erin"
+    assert override_actor(ev, label="promote-override", author="dana", permissions=WRITERS, current_labels=()) is None
+    by_author = [LabelEvent("promote-override", "dana", "2026-11-29T10:00:00")]
+    assert override_actor(by_author, label="promote-override", author="dana", permissions=WRITERS,
+                          current_labels=("promote-override",)) is None
+    by_reader = [LabelEvent("promote-override", "frank", "2026-11-29T10:00:00")]
+    assert override_actor(by_reader, label="promote-override", author="dana", permissions=WRITERS,
+                          current_labels=("promote-override",)) is None
+
+
+@pytest.mark.unit
+def test_gates_list_every_reason() -> None:
+    ok = check_gates(experiment=EXP, head_sha=SHA_A, record=record(), approvals=("mia",), required_approvals=1,
+                     override_by=None)
+    assert ok.ok and ok.reasons == ()
+    bad = check_gates(experiment=EXP, head_sha=SHA_A, record=record(verdict="inconclusive", dirty=True),
+                      approvals=(), required_approvals=2, override_by=None)
+    assert not bad.ok and len(bad.reasons) == 3
+    assert any("inconclusive" in r and "promote-override" in r for r in bad.reasons)
+    missing = check_gates(experiment=EXP, head_sha=SHA_A, record=None, approvals=("mia",), required_approvals=1,
+                          override_by=None)
+    assert missing.reasons == (f"no training run of `{EXP}` on the final head commit `{SHA_A[:12]}`",)
+    overridden = check_gates(experiment=EXP, head_sha=SHA_A, record=record(verdict="refuted"), approvals=("mia",),
+                             required_approvals=1, override_by="erin")
+    assert overridden.ok
+    explicit = check_gates(experiment=EXP, head_sha=SHA_A, record=record(gates_passed=False), approvals=("mia",),
+                           required_approvals=1, override_by=None)
+    assert not explicit.ok
+
+
+# --------------------------------------------------------------------------- flow with MLflow
+
+
+@pytest.fixture
+def gh() -> Iterator[GitHubEmulator]:
+    with GitHubEmulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One sqlite store for the module (creating its tables is the slow part); each test
+    uses its own experiment and registered-model names."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def train_run(uri: str, tmp: Path, sha: str, outcome: str | None, status: str = "FINISHED", exp_name: str = EXP) -> str:
+    """A finished run as the trainer and the reporter leave it: identity tags, model/, report/result.json."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(exp_name)
+    exp_id = exp.experiment_id if exp else client.create_experiment(exp_name, artifact_location=(tmp / "art").as_uri())
+    run = client.create_run(exp_id, tags={"pipeline.code_version": sha, "pipeline.dirty": "false",
+                                          "pipeline.experiment": exp_name})
+    model = tmp / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    client.log_artifacts(run.info.run_id, str(model), "model")
+    if outcome is not None:
+        report = tmp / "report"
+        report.mkdir(exist_ok=True)
+        (report / "result.json").write_text(json.dumps({
+            "verdict": {"outcome": outcome}, "hypothesis": {"statement": "A larger RoPE base lowers code eval loss."}}))
+        client.log_artifact(run.info.run_id, str(report / "result.json"), "report")
+    client.set_terminated(run.info.run_id, status)
+    return run.info.run_id
+
+
+def merged_event(n: int) -> PullRequestEvent:
+    ref = PullRequestRef(number=n, title="", body="", author="dana", head_sha=SHA_A, head_ref="exp", head_repo=REPO,
+                         base_repo=REPO, base_ref="main", state="closed", merged=True, draft=False, labels=())
+    return PullRequestEvent(action="closed", pull_request=ref, repo=REPO, sender="erin")
+
+
+def run_promotion(gh: GitHubEmulator, uri: str, n: int, model: str = "lm") -> list:
+    ml = MlflowPromotion(uri, model)
+    return promote_merged(merged_event(n), PyGithubHost(emulator_config(gh)), ml, ml, model_name=model,
+                          required_approvals=1, bot_login=gh.bot_login, sleep=lambda s: None)
+
+
+@pytest.mark.integration
+def test_merge_promotes_and_keeps_the_previous_champion(gh: GitHubEmulator, tracking: str, tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    first = train_run(tracking, tmp_path, SHA_B, "supported")
+    client = MlflowClient(tracking)
+    client.create_registered_model("lm")
+    v1 = client.create_model_version("lm", f"{client.get_run(first).info.artifact_uri}/model", run_id=first).version
+    client.set_registered_model_alias("lm", CHAMPION, v1)
+
+    n = emulated_repo(gh)
+    run_id = train_run(tracking, tmp_path, SHA_A, "supported")
+    gh.add_review(REPO, n, user="erin", state="APPROVED")
+    gh.merge(REPO, n, merged_by="mia")
+    (outcome,) = run_promotion(gh, tracking, n)
+    assert outcome.gate.ok and outcome.promotion.changed
+    champion = client.get_model_version_by_alias("lm", CHAMPION)
+    assert champion.run_id == run_id
+    assert client.get_model_version_by_alias("lm", PREVIOUS).version == v1
+    assert champion.tags["pipeline.sha"] == SHA_A and champion.tags["pipeline.pr"] == str(n)
+    assert champion.tags["pipeline.verdict"] == "supported" and "RoPE" in champion.tags["pipeline.hypothesis"]
+    (sticky,) = gh.comments(REPO, n)
+    assert "Promoted" in sticky["body"] and "@erin" in sticky["body"]
+
+    # Idempotent: a second delivery changes nothing and still leaves one comment.
+    (again,) = run_promotion(gh, tracking, n)
+    assert not again.promotion.changed and again.promotion.version == str(champion.version)
+    assert len(client.search_model_versions("name = 'lm'")) == 2
+    assert len(gh.comments(REPO, n)) == 1
+
+
+@pytest.mark.integration
+def test_refusals_say_why_and_register_nothing(gh: GitHubEmulator, tracking: str, tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    n = emulated_repo(gh, files=("experiments/refused-exp.yaml",))
+    train_run(tracking, tmp_path, SHA_A, "inconclusive", exp_name="refused-exp")
+    gh.add_review(REPO, n, user="dana", state="APPROVED")  # the author's own approval
+    gh.add_review(REPO, n, user="erin", state="APPROVED", commit_id=SHA_B)  # an older commit
+    gh.merge(REPO, n, merged_by="mia")
+    (outcome,) = run_promotion(gh, tracking, n, "lm-refused")
+    assert outcome.promotion is None
+    assert len(outcome.gate.reasons) == 2
+    (sticky,) = gh.comments(REPO, n)
+    assert "Not promoted" in sticky["body"] and "inconclusive" in sticky["body"]
+    assert "0 approving review(s)" in sticky["body"]
+    assert MlflowClient(tracking).search_registered_models("name = 'lm-refused'") == []
+
+    # A reviewer approves the final commit and a maintainer applies the override label.
+    gh.add_review(REPO, n, user="erin", state="APPROVED")
+    gh.add_label(REPO, n, "promote-override", actor="mia")
+    (outcome,) = run_promotion(gh, tracking, n, "lm-refused")
+    assert outcome.promotion is not None and outcome.gate.override_by == "mia"
+    (sticky,) = gh.comments(REPO, n)
+    assert "Promoted" in sticky["body"] and "Not promoted" not in sticky["body"]
+
+
+@pytest.mark.integration
+def test_training_on_another_sha_does_not_count(gh: GitHubEmulator, tracking: str, tmp_path: Path) -> None:
+    n = emulated_repo(gh, files=("experiments/other-sha.yaml",))
+    train_run(tracking, tmp_path, SHA_B, "supported", exp_name="other-sha")
+    gh.add_review(REPO, n, user="erin", state="APPROVED")
+    gh.merge(REPO, n, merged_by="mia")
+    (outcome,) = run_promotion(gh, tracking, n, "lm-other")
+    assert outcome.promotion is None and "no training run" in outcome.gate.reasons[0]
+
+
+class Unused:
+    """Lookup and registry that must not be reached."""
+
+    def training_record(self, experiment: str, sha: str) -> None:
+        raise AssertionError("no lookup expected")
+
+    def promote(self, record: TrainingRecord, tags: object) -> None:
+        raise AssertionError("no promotion expected")
+
+
+@pytest.mark.integration
+def test_unmerged_close_does_nothing(gh: GitHubEmulator) -> None:
+    n = emulated_repo(gh)
+    event = merged_event(n)
+    closed = PullRequestEvent(action="closed", pull_request=PullRequestRef(**{**event.pull_request.__dict__,
+                                                                              "merged": False}), repo=REPO, sender="x")
+    assert promote_merged(closed, PyGithubHost(emulator_config(gh)), Unused(), Unused(), model_name="lm",
+                          bot_login=None) == []
+    assert gh.requests_made() == []

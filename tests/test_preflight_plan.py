@@ -1,0 +1,551 @@
+"""Preflight: parallel plan, memory and compute estimates, approval tiers, rendering.
+
+Expected figures are computed by hand in each test from the published formulas
+(ZeRO's 16 bytes/parameter, Korthikanti et al. 2022's activations, 6*N*T plus PaLM's
+attention term), written out with literal numbers so a change to the module cannot
+silently move both sides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from validation.errors import SpecError
+from validation.preflight import (
+    FRAMEWORK_OVERHEAD_BYTES_CPU,
+    FRAMEWORK_OVERHEAD_BYTES_GPU,
+    GIB,
+    LARGE_TIER_APPROVALS,
+    SMALL_TIER_APPROVALS,
+    SMALL_TIER_MAX_GPU_HOURS,
+    STATE_BYTES,
+    activation_bytes_per_layer,
+    approval_tier,
+    estimate_compute,
+    estimate_memory,
+    make_plan,
+    plan_parallel,
+    render_plan_markdown,
+    render_plan_text,
+)
+from validation.spec import ExperimentSpec, ParallelLayout
+
+pytestmark = pytest.mark.unit
+
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 256}
+LLAMA_7B = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_layers": 32,
+    "num_heads": 32,
+    "intermediate_size": 11008,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+LLAMA3_70B = {
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "num_layers": 80,
+    "num_heads": 64,
+    "num_kv_heads": 8,
+    "intermediate_size": 28672,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+}
+H100_NODE = {"gpus_per_node": 8, "gpu_type": "h100", "gpu_memory_gb": 80, "max_gpu_hours": 1000}
+
+
+def make_spec(
+    model: dict[str, Any],
+    *,
+    data: dict[str, Any] | None = None,
+    train: dict[str, Any] | None = None,
+    resource: dict[str, Any] | None = None,
+    parallel: Any = "auto",
+) -> ExperimentSpec:
+    return ExperimentSpec.model_validate(
+        {
+            "name": "preflight-case",
+            "owner": "alice",
+            "hypothesis": {
+                "statement": "Doubling the width lowers the held-out loss on code by two percent.",
+                "metric": "eval/loss",
+                "direction": "decrease",
+                "min_effect": 0.02,
+                "baseline": "base-line",
+            },
+            "model": model,
+            "data": {
+                "sources": [{"name": "code", "path": "data/demo/code.jsonl", "weight": 1.0}],
+                **(data or {}),
+            },
+            "train": {"max_steps": 100, **(train or {})},
+            "resource": resource or {},
+            "parallel": parallel,
+        }
+    )
+
+
+def tiny_cpu_spec(**train: Any) -> ExperimentSpec:
+    return make_spec(
+        TINY_LLAMA,
+        data={"seq_len": 128},
+        train={"micro_batch_size": 8, "grad_accum_steps": 2, "precision": "fp32", **train},
+        resource={"cpu_processes": 2, "gpu_memory_gb": 16},
+    )
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_state_bytes_are_sixteen_per_parameter_for_every_precision():
+    # ZeRO §3.1: mixed precision 2 + 2 + (4 master + 4 m + 4 v); fp32: 4 + 4 + (4 m + 4 v).
+    assert dataclasses.astuple(STATE_BYTES["bf16"]) == (2, 2, 12)
+    assert STATE_BYTES["fp16"] == STATE_BYTES["bf16"]
+    assert dataclasses.astuple(STATE_BYTES["fp32"]) == (4, 4, 8)
+    assert {name: sb.total for name, sb in STATE_BYTES.items()} == {"bf16": 16, "fp16": 16, "fp32": 16}
+
+
+def test_activation_formula_matches_the_papers_form():
+    # s*b*h*(34 + 5*a*s/h) with s=128, b=8, h=64, a=4: 65536 * (34 + 40) = 4,849,664 bytes.
+    assert activation_bytes_per_layer(128, 8, 64, 4) == 4_849_664
+    s, b, h, a = 2048, 3, 4096, 32
+    assert activation_bytes_per_layer(s, b, h, a) == pytest.approx(s * b * h * (34 + 5 * a * s / h))
+    # Without the stored attention scores only the 34*s*b*h term is left.
+    assert activation_bytes_per_layer(128, 8, 64, 4, store_attention_scores=False) == 34 * 128 * 8 * 64
+
+
+def test_tiny_cpu_memory_by_hand():
+    spec = tiny_cpu_spec()
+    memory = estimate_memory(spec, ParallelLayout(dp=2))
+    params = 123_200  # 256*64 embed + 2 * (4*64*64 attn + 3*64*192 mlp + 2*64 norms) + 64 final norm
+    assert memory.parameters_per_device == params
+    assert memory.sharding_degree == 1
+    assert (memory.weights_bytes, memory.gradients_bytes, memory.optimizer_bytes) == (
+        params * 4,
+        params * 4,
+        params * 8,
+    )
+    # sdpa: no stored scores; fp32 doubles; 2 layers; one micro-batch in flight (pp=1).
+    assert memory.activations_bytes == 2 * (2 * 34 * 128 * 8 * 64) == 8_912_896
+    assert memory.logits_bytes == 128 * 8 * 256 * 8  # seq x micro x vocab x 8 bytes
+    assert memory.overhead_bytes == FRAMEWORK_OVERHEAD_BYTES_CPU == GIB // 2
+    total = 123_200 * 16 + 8_912_896 + 2_097_152 + 536_870_912
+    assert memory.total_bytes == total == 549_852_160
+    assert memory.capacity_bytes == 16 * GIB
+    assert memory.fits
+    assert memory.headroom_pct == pytest.approx(100 * (16 * GIB - total) / (16 * GIB))
+
+
+def test_eager_attention_stores_the_score_matrices():
+    spec = make_spec(
+        {**TINY_LLAMA, "attn_implementation": "eager"},
+        data={"seq_len": 128},
+        train={"micro_batch_size": 8, "precision": "bf16"},
+    )
+    memory = estimate_memory(spec, ParallelLayout(dp=1))
+    assert memory.activations_bytes == 2 * (128 * 8 * 64 * (34 + 5 * 4 * 128 // 64))
+
+
+def test_seven_b_on_eight_h100_needs_fsdp():
+    spec = make_spec(
+        LLAMA_7B,
+        data={"seq_len": 4096},
+        train={"micro_batch_size": 1, "grad_accum_steps": 4, "precision": "bf16"},
+        resource=H100_NODE,
+    )
+    assert spec.model.parameter_count() == 6_738_415_616  # the published LLaMA-7B count
+
+    plan = plan_parallel(spec)
+    assert (plan.dp, plan.tp, plan.pp, plan.fsdp) == (8, 1, 1, True)
+    assert plan.rejected and plan.rejected[0].startswith("dp=8 tp=1 pp=1:")
+
+    replicated = estimate_memory(spec, ParallelLayout(dp=8))
+    assert replicated.total_bytes > 80 * GIB  # 16 B x 6.74 B params alone is 100 GiB
+    m = plan.memory
+    shard = 6_738_415_616 // 8  # = 842,301,952 exactly
+    assert m.parameters_per_device == shard
+    assert (m.weights_bytes, m.gradients_bytes, m.optimizer_bytes) == (shard * 2, shard * 2, shard * 12)
+    assert m.activations_bytes == 32 * 34 * 4096 * 1 * 4096
+    assert m.logits_bytes == 4096 * 1 * 32000 * 8
+    assert m.overhead_bytes == FRAMEWORK_OVERHEAD_BYTES_GPU
+    assert m.total_bytes == shard * 16 + 32 * 34 * 4096 * 4096 + 4096 * 32000 * 8 + GIB
+    assert m.fits and 55 < m.headroom_pct < 65
+
+
+def test_seventy_b_on_two_nodes_needs_tensor_parallelism():
+    spec = make_spec(
+        LLAMA3_70B,
+        data={"seq_len": 4096},
+        train={"micro_batch_size": 1, "grad_accum_steps": 4, "precision": "bf16"},
+        resource={**H100_NODE, "nodes": 2},
+    )
+    assert spec.model.parameter_count() == 70_553_706_496  # Llama-3-70B
+
+    plan = plan_parallel(spec)
+    # Full sharding leaves 65.7 GiB of states per GPU whatever the split; only tp shrinks
+    # the 85 GiB of activations, and tp=8 (one whole node) is the first that fits.
+    assert (plan.dp, plan.tp, plan.pp, plan.fsdp) == (2, 8, 1, True)
+    assert plan.memory.activations_bytes == 80 * (34 * 4096 * 8192) // 8
+    assert plan.memory.sharding_degree == 16
+    fsdp_only = estimate_memory(spec, ParallelLayout(dp=16, fsdp=True))
+    assert not fsdp_only.fits
+    assert plan.layout() == ParallelLayout(dp=2, tp=8, pp=1, fsdp=True)
+
+
+def test_pipeline_stages_when_heads_forbid_tensor_parallelism():
+    # One KV head (multi-query attention): tp must divide it, so only pp can split activations.
+    model = {**LLAMA_7B, "num_kv_heads": 1, "max_position_embeddings": 16384}
+    common = {"data": {"seq_len": 16384}, "resource": H100_NODE}
+    spec = make_spec(
+        model, train={"micro_batch_size": 1, "grad_accum_steps": 1, "precision": "bf16"}, **common
+    )
+    plan = plan_parallel(spec)
+    assert (plan.dp, plan.tp, plan.pp, plan.fsdp) == (4, 1, 2, True)
+    assert plan.memory.activations_bytes == (32 // 2) * 34 * 16384 * 4096  # 16 layers, 1 in flight
+
+    # With 2 micro-batches per step a 1F1B first stage holds 2 in flight, so pp=2 no
+    # longer halves activations and the planner needs pp=4.
+    spec2 = make_spec(
+        model, train={"micro_batch_size": 1, "grad_accum_steps": 2, "precision": "bf16"}, **common
+    )
+    plan2 = plan_parallel(spec2)
+    assert (plan2.tp, plan2.pp) == (1, 4)
+    assert plan2.memory.activations_bytes == (32 // 4) * 34 * 16384 * 4096 * 2
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_nothing_fits_says_what_to_change_at_the_located_field():
+    spec = make_spec(
+        LLAMA3_70B,
+        data={"seq_len": 4096},
+        train={"micro_batch_size": 1, "grad_accum_steps": 4, "precision": "bf16"},
+        resource=H100_NODE,
+    )
+    seen: list[str] = []
+
+    def locate(field_path: str) -> tuple[str, int, int]:
+        seen.append(field_path)
+        return ("experiments/big.yaml", 31, 3)
+
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec, locate=locate)
+    (issue,) = info.value.issues
+    assert (issue.file, issue.line, issue.col, issue.field) == (
+        "experiments/big.yaml",
+        31,
+        3,
+        "resource.gpu_memory_gb",
+    )
+    assert seen == ["resource.gpu_memory_gb"]
+    assert "no parallel layout fits 8 x 80 GiB" in issue.message
+    assert "resource.nodes >= 2 (16 GPUs)" in issue.message
+    assert str(info.value).startswith("experiments/big.yaml:31:3: resource.gpu_memory_gb: ")
+    assert info.value.exit_code == 2
+
+
+def test_default_location_is_the_spec_placeholder():
+    spec = make_spec(LLAMA_7B, resource={"cpu_processes": 1, "gpu_memory_gb": 16})
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec)
+    (issue,) = info.value.issues
+    assert (issue.file, issue.line) == ("<spec>", 1)
+    assert "a CPU process cannot hold it" in issue.message
+
+
+def test_suggests_the_largest_micro_batch_that_fits():
+    spec = make_spec(
+        TINY_LLAMA,
+        data={"seq_len": 8192},
+        train={"micro_batch_size": 64, "precision": "fp32"},
+        resource={"gpu_memory_gb": 1},
+    )
+    # Per row: 2 layers x fp32 x 34*s*h activations + s*vocab*8 logits; 0.5 GiB overhead;
+    # the states (123,200 x 16 bytes) also have to fit.
+    per_row = 2 * 2 * 34 * 8192 * 64 + 8192 * 256 * 8
+    largest = (GIB - GIB // 2 - 123_200 * 16) // per_row
+    assert largest == 6
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec)
+    assert f"train.micro_batch_size <= {largest} " in info.value.issues[0].message
+    smaller = make_spec(
+        TINY_LLAMA,
+        data={"seq_len": 8192},
+        train={"micro_batch_size": largest, "precision": "fp32"},
+        resource={"gpu_memory_gb": 1},
+    )
+    assert plan_parallel(smaller).memory.fits
+
+
+def test_explicit_layout_reports_every_divisibility_problem_at_once():
+    spec = make_spec(
+        TINY_LLAMA, resource={"gpus_per_node": 8, "gpu_type": "a100"}, parallel={"dp": 1, "tp": 3, "pp": 3}
+    )
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec)
+    found = [(i.field, i.message) for i in info.value.issues]
+    assert [f for f, _ in found] == ["parallel", "parallel.tp", "parallel.tp", "parallel.pp"]
+    assert "dp x tp x pp = 9 but the resources give 8" in found[0][1]
+    assert "tp (3) must divide num_heads (4) and num_kv_heads (4)" in found[1][1]
+    assert "tp (3) must divide gpus_per_node (8)" in found[2][1]
+    assert "pp (3) must divide num_layers (2)" in found[3][1]
+
+
+def test_explicit_tensor_parallel_on_cpu_is_refused():
+    spec = make_spec(TINY_LLAMA, resource={"cpu_processes": 2}, parallel={"dp": 1, "tp": 2})
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec)
+    (issue,) = info.value.issues
+    assert issue.field == "parallel.tp" and "need GPUs" in issue.message
+
+
+def test_explicit_layout_is_verified_and_estimated():
+    spec = make_spec(
+        TINY_LLAMA, resource={"gpus_per_node": 8, "gpu_type": "a100"}, parallel={"dp": 2, "tp": 2, "pp": 2}
+    )
+    plan = plan_parallel(spec)
+    assert plan.chosen_by == "explicit"
+    assert (plan.dp, plan.tp, plan.pp, plan.fsdp, plan.world_size) == (2, 2, 2, False, 8)
+    assert plan.memory.sharding_degree == 4
+    assert plan.memory.parameters_per_device == 123_200 // 4
+
+
+def test_explicit_layout_that_does_not_fit_names_one_that_does():
+    spec = make_spec(
+        LLAMA_7B,
+        data={"seq_len": 4096},
+        train={"micro_batch_size": 1, "precision": "bf16"},
+        resource=H100_NODE,
+        parallel={"dp": 8},
+    )
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec)
+    (issue,) = info.value.issues
+    assert issue.field == "resource.gpu_memory_gb"
+    assert "layout dp=8 tp=1 pp=1 needs" in issue.message
+    assert "dp=8 tp=1 pp=1 fsdp fits" in issue.message
+
+
+def test_auto_honours_the_requested_global_batch():
+    # 8 GPUs but global batch 4 x 1 x dp = 16 only for dp=4: the planner must not pick dp=8.
+    spec = make_spec(
+        TINY_LLAMA,
+        train={"micro_batch_size": 4, "global_batch_size": 16},
+        resource={"gpus_per_node": 8, "gpu_type": "a100"},
+    )
+    plan = plan_parallel(spec)
+    assert plan.dp == 4 and plan.dp * plan.tp * plan.pp == 8
+
+
+# --------------------------------------------------------------------------- divisibility (property)
+
+DIVISIBLE_HEADS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 64]
+
+
+@st.composite
+def auto_specs(draw: st.DrawFn) -> ExperimentSpec:
+    heads = draw(st.sampled_from(DIVISIBLE_HEADS))
+    kv = draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0]))
+    head_dim = draw(st.sampled_from([16, 64, 128]))
+    model = {
+        "model_type": draw(st.sampled_from(["llama", "qwen2", "gpt2"])),
+        "hidden_size": heads * head_dim,
+        "num_layers": draw(st.integers(1, 96)),
+        "num_heads": heads,
+        "num_kv_heads": kv,
+        "vocab_size": draw(st.sampled_from([256, 32000, 128256])),
+        "max_position_embeddings": 8192,
+    }
+    gpus = draw(st.sampled_from([0, 1, 2, 4, 6, 8]))
+    resource = {
+        "nodes": draw(st.integers(1, 4)),
+        "gpus_per_node": gpus,
+        "cpu_processes": draw(st.integers(1, 4)),
+        "gpu_type": "h100" if gpus else "cpu",
+        "gpu_memory_gb": draw(st.sampled_from([1, 8, 24, 80])),
+    }
+    train = {
+        "micro_batch_size": draw(st.integers(1, 8)),
+        "grad_accum_steps": draw(st.integers(1, 8)),
+        "precision": draw(st.sampled_from(["bf16", "fp32"])),
+    }
+    return make_spec(
+        model, data={"seq_len": draw(st.sampled_from([128, 1024, 4096]))}, train=train, resource=resource
+    )
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(auto_specs())
+def test_auto_plans_always_honour_divisibility(spec: ExperimentSpec):
+    try:
+        plan = plan_parallel(spec)
+    except SpecError as error:
+        assert error.issues[0].field == "resource.gpu_memory_gb"
+        assert "no parallel layout fits" in error.issues[0].message
+        return
+    model, resource = spec.model, spec.resource
+    kv = model.num_heads if model.model_type == "gpt2" else (model.num_kv_heads or model.num_heads)
+    assert plan.dp * plan.tp * plan.pp == resource.world_size == plan.world_size
+    assert model.num_heads % plan.tp == 0 and kv % plan.tp == 0
+    assert model.num_layers % plan.pp == 0
+    assert plan.memory.fits
+    if resource.gpus_per_node:
+        assert resource.gpus_per_node % plan.tp == 0
+    else:
+        assert (plan.tp, plan.pp, plan.fsdp) == (1, 1, False)
+    if plan.tp > 1 or plan.pp > 1 or plan.fsdp:
+        # Never more machinery than needed: plain DP was tried first and did not fit.
+        assert not estimate_memory(spec, ParallelLayout(dp=resource.world_size)).fits
+
+
+# --------------------------------------------------------------------------- compute
+
+
+def test_tiny_cpu_compute_by_hand():
+    spec = tiny_cpu_spec()
+    compute = estimate_compute(spec, ParallelLayout(dp=2))
+    tokens = 100 * (8 * 2 * 2) * 128  # steps x (micro x accum x dp) x seq_len
+    assert (compute.steps, compute.global_batch, compute.tokens) == (100, 32, tokens)
+    assert compute.model_flops == 6 * 123_200 * tokens
+    assert compute.attention_flops == 12 * 2 * 64 * 128 * tokens
+    assert (compute.peak_tflops_per_device, compute.peak_source) == (1.0, "table:cpu")
+    expected_wall = (6 * 123_200 + 12 * 2 * 64 * 128) * tokens / (2 * 1.0e12 * 0.35)
+    assert compute.wall_seconds == pytest.approx(expected_wall)
+    assert compute.gpu_hours == 0.0 and compute.device_hours == pytest.approx(expected_wall * 2 / 3600)
+    assert compute.fits_time_limit
+
+
+def test_token_budget_becomes_steps_with_the_global_batch():
+    spec = tiny_cpu_spec(max_steps=None, token_budget=1_000_000)
+    compute = estimate_compute(spec, ParallelLayout(dp=2))
+    assert compute.steps == math.ceil(1_000_000 / (32 * 128)) == 245
+    assert compute.tokens == 245 * 32 * 128
+
+
+def test_peak_comes_from_the_table_or_the_spec():
+    gpu = {"gpus_per_node": 1, "gpu_memory_gb": 80}
+    bf16 = make_spec(TINY_LLAMA, train={"precision": "bf16"}, resource={**gpu, "gpu_type": "a100"})
+    assert estimate_compute(bf16, ParallelLayout()).peak_tflops_per_device == 312.0
+    fp32 = make_spec(TINY_LLAMA, train={"precision": "fp32"}, resource={**gpu, "gpu_type": "h100"})
+    assert estimate_compute(fp32, ParallelLayout()).peak_tflops_per_device == 989.0 / 2
+    given_peak = make_spec(TINY_LLAMA, resource={**gpu, "gpu_type": "mi250", "peak_tflops": 191.5})
+    compute = estimate_compute(given_peak, ParallelLayout())
+    assert (compute.peak_tflops_per_device, compute.peak_source) == (191.5, "resource.peak_tflops")
+
+
+def test_unknown_gpu_type_without_peak_is_a_spec_error():
+    spec = make_spec(TINY_LLAMA, resource={"gpus_per_node": 1, "gpu_type": "rtx4090"})
+    with pytest.raises(SpecError) as info:
+        estimate_compute(spec, ParallelLayout(), locate=lambda f: ("experiments/x.yaml", 40, 5))
+    (issue,) = info.value.issues
+    assert (issue.field, issue.line) == ("resource.peak_tflops", 40)
+    assert "rtx4090" in issue.message and "set resource.peak_tflops" in issue.message
+
+
+def test_pipeline_bubble_lengthens_the_wall_time():
+    spec = make_spec(
+        TINY_LLAMA, train={"grad_accum_steps": 4}, resource={"gpus_per_node": 2, "gpu_type": "l4"}
+    )
+    flat = estimate_compute(spec, ParallelLayout(dp=2))
+    piped = estimate_compute(spec, ParallelLayout(dp=1, pp=2))
+    assert piped.pipeline_bubble == 1 + (2 - 1) / 4
+    # Same devices, half the global batch (dp=1), and the bubble on top.
+    assert piped.wall_seconds == pytest.approx(flat.wall_seconds / 2 * 1.25)
+
+
+# --------------------------------------------------------------------------- tiers
+
+
+def _gpu_compute_with_hours(hours: float, world: int = 8):
+    spec = make_spec(TINY_LLAMA, resource={"gpus_per_node": world, "gpu_type": "h100", "max_gpu_hours": 8})
+    base = estimate_compute(spec, ParallelLayout(dp=world))
+    return dataclasses.replace(base, wall_seconds=hours * 3600 / world), spec.resource
+
+
+def test_tier_boundaries_are_inclusive():
+    assert SMALL_TIER_MAX_GPU_HOURS == 1.0
+    compute, resource = _gpu_compute_with_hours(1.0)
+    assert compute.gpu_hours == 1.0
+    tier = approval_tier(compute, resource)
+    assert (tier.name, tier.required_approvals) == ("small", SMALL_TIER_APPROVALS)
+
+    compute, resource = _gpu_compute_with_hours(1.0001)
+    tier = approval_tier(compute, resource)
+    assert (tier.name, tier.required_approvals) == ("large", LARGE_TIER_APPROVALS)
+
+    compute, resource = _gpu_compute_with_hours(8.0)  # exactly max_gpu_hours
+    assert approval_tier(compute, resource).name == "large"
+
+    compute, resource = _gpu_compute_with_hours(8.01)
+    tier = approval_tier(compute, resource)
+    assert (tier.name, tier.required_approvals) == ("refused", None)
+    assert "exceeds resource.max_gpu_hours (8)" in tier.reason
+
+
+def test_cpu_runs_are_small_however_long():
+    spec = tiny_cpu_spec()
+    compute = dataclasses.replace(estimate_compute(spec, ParallelLayout(dp=2)), wall_seconds=10_000 * 3600)
+    tier = approval_tier(compute, spec.resource)
+    assert (tier.name, tier.required_approvals) == ("small", 1)
+
+
+# --------------------------------------------------------------------------- plan + rendering
+
+
+def test_make_plan_is_json_safe_and_renders():
+    spec = make_spec(
+        LLAMA_7B,
+        data={"seq_len": 4096},
+        train={"micro_batch_size": 1, "grad_accum_steps": 4, "precision": "bf16", "max_steps": 1000},
+        resource={**H100_NODE, "time_limit_minutes": 30},
+    )
+    plan = make_plan(spec)
+    data = json.loads(json.dumps(plan.to_dict(), allow_nan=False))
+    assert data["parallel"] == {
+        "dp": 8,
+        "tp": 1,
+        "pp": 1,
+        "fsdp": True,
+        "world_size": 8,
+        "devices_per_node": 8,
+        "on_gpu": True,
+        "chosen_by": "auto",
+        "rejected": list(plan.parallel.rejected),
+    }
+    assert data["memory"]["total_bytes"] == plan.memory.total_bytes
+    assert data["compute"]["tokens"] == 1000 * 32 * 4096
+    assert data["tier"]["name"] == "large"
+    assert data["spec_hash"] == spec.spec_hash()
+    # 6.1e18 FLOPs at 989 TF x 0.35 on 8 GPUs is ~37 min: over the 30 min limit.
+    assert not plan.compute.fits_time_limit
+    assert any("time_limit_minutes (30)" in w for w in plan.warnings)
+
+    text = render_plan_text(plan)
+    assert text.startswith("plan: preflight-case")
+    for needle in ("dp=8 tp=1 pp=1 fsdp (auto)", "6.74 B", "of 80.0 GiB", "tier", "large: 2 approval(s)"):
+        assert needle in text
+    markdown = render_plan_markdown(plan)
+    assert "| layout | dp=8 tp=1 pp=1 fsdp (auto) |" in markdown
+    assert "| memory/device |" in markdown and "- :warning: estimated wall time" in markdown
+    cmarkgfm = pytest.importorskip("cmarkgfm")
+    html = cmarkgfm.github_flavored_markdown_to_html(markdown)
+    table_rows = len(text.splitlines()) - 1 - len(plan.warnings)  # minus title and warning lines
+    assert html.count("<tr>") == 1 + table_rows  # the header row + the same rows as the text table
+
+
+def test_plan_for_tiny_cpu_spec_is_small():
+    plan = make_plan(tiny_cpu_spec())
+    assert (plan.parallel.dp, plan.parallel.on_gpu, plan.tier.name) == (2, False, "small")
+    assert plan.warnings == ()
+    assert "0 (CPU)" in render_plan_text(plan)

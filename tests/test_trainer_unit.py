@@ -1,0 +1,189 @@
+"""Pure parts of the trainer: schedule, anomaly detection, checkpoint manifests and retention,
+exactly-once metric filtering, the smoke shrink, FLOPs arithmetic."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from trainer import checkpoint as ckpt
+from trainer.model import bits_per_byte, flops_per_token
+from trainer.monitor import AnomalyDetector, track_best
+from trainer.optim import lr_factor
+from trainer.tracking import JsonlMetrics, filter_new_points, read_jsonl_tolerant
+from validation.spec import AlertsSpec, ModelSpec
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+def test_lr_warms_up_then_decays_to_min_ratio(schedule: str) -> None:
+    factors = [lr_factor(s, 10, 100, schedule, 0.1) for s in range(100)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert all(b >= a for a, b in zip(factors[:10], factors[1:10], strict=False))
+    assert all(b <= a + 1e-12 for a, b in zip(factors[10:], factors[11:], strict=False))
+    end = lr_factor(100, 10, 100, schedule, 0.1)
+    assert end == pytest.approx(1.0 if schedule == "constant" else 0.1)
+
+
+def _feed(det: AnomalyDetector, n: int, loss: float = 2.0, grad: float = 1.0) -> None:
+    for i in range(n):
+        assert det.observe(i + 1, loss - 0.001 * i, grad).action == "none"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("policy", "action"), [("alert", "stop"), ("stop", "stop"), ("rollback", "rollback")])
+def test_nonfinite_loss_is_p0_and_never_just_alerted(policy: str, action: str) -> None:
+    det = AnomalyDetector(AlertsSpec(spike_policy=policy))
+    _feed(det, 3)
+    verdict = det.observe(4, float("nan"), 1.0)
+    assert verdict.action == action and verdict.alerts[0].level == "P0" and verdict.alerts[0].kind == "nonfinite"
+    assert det.observe(5, 1.9, float("inf")).alerts[0].kind == "nonfinite"
+
+
+@pytest.mark.unit
+def test_grad_norm_spike_follows_policy_and_does_not_poison_the_mean() -> None:
+    det = AnomalyDetector(AlertsSpec(spike_policy="rollback", grad_norm_factor=10.0))
+    _feed(det, 20)
+    verdict = det.observe(21, 1.98, 50.0)
+    assert verdict.action == "rollback" and [a.kind for a in verdict.alerts] == ["grad_norm_spike"]
+    assert det.grad_mean == pytest.approx(1.0)
+    assert det.observe(22, 1.98, 5.0).action == "none"  # 5x is below the factor
+
+
+@pytest.mark.unit
+def test_loss_spike_and_loss_rising_and_throughput_drop() -> None:
+    det = AnomalyDetector(AlertsSpec(spike_policy="alert", loss_rise_steps=5))
+    _feed(det, 20)
+    spike = det.observe(21, 10.0, 1.0)
+    assert [a.kind for a in spike.alerts] == ["loss_spike"] and spike.action == "none"
+    kinds = []
+    for i in range(10):
+        kinds += [a.kind for a in det.observe(30 + i, 2.0 + 0.01 * i, 1.0).alerts]
+    assert kinds.count("loss_rising") == 1  # once per rising phase, not every step
+    det2 = AnomalyDetector(AlertsSpec(throughput_drop=0.5))
+    for i in range(12):
+        assert not det2.observe(i + 1, 2.0, 1.0, tokens_per_s=1000.0).alerts
+    drop = det2.observe(13, 2.0, 1.0, tokens_per_s=400.0)
+    assert [(a.level, a.kind) for a in drop.alerts] == [("P2", "throughput_drop")]
+
+
+@pytest.mark.unit
+def test_detector_state_round_trips_through_json() -> None:
+    det = AnomalyDetector(AlertsSpec())
+    _feed(det, 15)
+    state = json.loads(json.dumps(det.state()))
+    other = AnomalyDetector(AlertsSpec())
+    other.load_state(state)
+    assert other.state() == det.state()
+
+
+@pytest.mark.unit
+def test_early_stopping_counts_evaluations_without_improvement() -> None:
+    best, stale = None, 0
+    for value in (3.0, 2.5, 2.6, 2.5, 2.4):
+        best, stale = track_best(best, stale, value)
+    assert (best, stale) == (2.4, 0)
+    best, stale = track_best(best, stale, 2.4)
+    assert stale == 1
+
+
+def _fake_checkpoint(root: Path, step: int, eval_metric: float | None = None) -> Path:
+    tmp = ckpt.tmp_dir_for(root, step)
+    tmp.mkdir(parents=True)
+    (tmp / "model.safetensors").write_bytes(b"w" * 64 + bytes([step % 256]))
+    (tmp / ckpt.TRAIN_STATE).write_text(json.dumps({"step": step, "eval_metric": eval_metric}))
+    ckpt.write_manifest(tmp, step)
+    final = root / ckpt.checkpoint_name(step)
+    tmp.rename(final)
+    return final
+
+
+@pytest.mark.unit
+def test_manifest_detects_flip_truncation_missing_file_and_missing_manifest(tmp_path: Path) -> None:
+    paths = {s: _fake_checkpoint(tmp_path, s) for s in (10, 20, 30, 40, 50)}
+    assert all(ckpt.verify_checkpoint(p) is None for p in paths.values())
+    data = bytearray((paths[50] / "model.safetensors").read_bytes())
+    data[3] ^= 1
+    (paths[50] / "model.safetensors").write_bytes(bytes(data))
+    (paths[40] / "model.safetensors").write_bytes(b"w")
+    (paths[30] / ckpt.MANIFEST).unlink()
+    (paths[20] / ckpt.TRAIN_STATE).unlink()
+    events: list[tuple[str, str, str]] = []
+    found = ckpt.find_resume_checkpoint(tmp_path, lambda *e: events.append(e))
+    assert found == paths[10]
+    reasons = [e[2] for e in events]
+    assert "sha256 mismatch" in reasons[0] and "step_000050" in reasons[0]
+    assert "truncated" in reasons[1]
+    assert "MANIFEST.json missing" in reasons[2]
+    assert "train_state.json missing" in reasons[3]
+    assert all(level == "P1" for level, _, _ in events)
+
+
+@pytest.mark.unit
+def test_retention_keeps_last_k_and_best_and_ignores_saves_in_progress(tmp_path: Path) -> None:
+    for step, metric in ((10, 3.0), (20, 1.5), (30, 2.0), (40, 2.5), (50, 2.2)):
+        _fake_checkpoint(tmp_path, step, metric)
+    in_progress = ckpt.tmp_dir_for(tmp_path, 60)
+    in_progress.mkdir()
+    (tmp_path / "step_000070").mkdir()  # no manifest: not a checkpoint, not touched by retention
+    deleted = ckpt.apply_retention(tmp_path, keep_last=2, protect=set())
+    assert sorted(p.name for p in deleted) == ["step_000010", "step_000030"]
+    assert in_progress.is_dir() and (tmp_path / "step_000070").is_dir()
+    assert [s for s, _ in ckpt.valid_checkpoints(tmp_path)] == [50, 40, 20]
+    assert ckpt.clean_stale_temporaries(tmp_path) == [in_progress]
+
+
+@pytest.mark.unit
+def test_filter_new_points_keeps_each_key_step_once() -> None:
+    marks = {"train/loss": 5}
+    points = [("train/loss", 4, 1.0, 0), ("train/loss", 6, 1.0, 0), ("train/loss", 6, 2.0, 0), ("eval/loss", 6, 3.0, 0)]
+    assert filter_new_points(points, marks) == [("train/loss", 6, 1.0, 0), ("eval/loss", 6, 3.0, 0)]
+    assert marks == {"train/loss": 6, "eval/loss": 6}
+
+
+@pytest.mark.unit
+def test_metrics_jsonl_survives_a_partial_last_line_and_drops_repeats(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "key": "train/loss", "value": 2.0}\n{"step": 2, "key": "train/lo')
+    sink = JsonlMetrics(path)
+    sink.log_metrics(1, {"train/loss": 9.0})
+    sink.log_metrics(2, {"train/loss": 1.5})
+    sink.flush()
+    records, good = read_jsonl_tolerant(path)
+    assert good == path.stat().st_size
+    assert [(r["step"], r["value"]) for r in records] == [(1, 2.0), (2, 1.5)]
+
+
+@pytest.mark.unit
+def test_flops_and_bits_per_byte() -> None:
+    m = ModelSpec(model_type="llama", hidden_size=64, num_layers=2, num_heads=4, vocab_size=256)
+    n = m.parameter_count()
+    assert flops_per_token(m, 128, n) == 6 * n + 12 * 2 * 64 * 128
+    assert bits_per_byte(math.log(2) * 4.0, 4.0) == pytest.approx(1.0)
+    assert math.isnan(bits_per_byte(float("inf"), 4.0))
+
+
+@pytest.mark.unit
+def test_smoke_spec_shrinks_model_and_keeps_data() -> None:
+    from trainer.smoke import smoke_spec
+    from validation.spec import ExperimentSpec
+
+    spec = ExperimentSpec.model_validate({
+        "name": "big-one", "owner": "someone",
+        "hypothesis": {"statement": "A much larger model lowers the held-out loss on the mixture.",
+                       "metric": "eval/loss", "direction": "decrease", "min_effect": 0.01, "baseline": "champion"},
+        "model": {"model_type": "qwen2", "hidden_size": 1024, "num_layers": 24, "num_heads": 16, "num_kv_heads": 4,
+                  "vocab_size": 32000},
+        "data": {"sources": [{"name": "code", "path": "data/demo/code.jsonl", "weight": 1.0}], "seq_len": 1024},
+        "train": {"token_budget": 10**9, "precision": "fp16", "micro_batch_size": 32},
+        "resource": {"gpus_per_node": 8, "nodes": 2, "gpu_type": "h100"},
+    })
+    small = smoke_spec(spec, tokenizer_vocab=1000)
+    assert (small.model.hidden_size, small.model.num_layers, small.model.num_kv_heads) == (64, 2, 2)
+    assert small.model.model_type == "qwen2" and small.model.vocab_size == 1024
+    assert small.data.seq_len == 64 and small.data.sources == spec.data.sources
+    assert small.total_steps(1) == 30 and small.resource.world_size == 1
+    assert small.model.parameter_count() < 200_000

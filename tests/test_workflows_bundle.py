@@ -1,0 +1,86 @@
+"""The result bundle checks (`.github/scripts/result_bundle.py`): what the trusted comment
+job accepts from the untrusted PR job. The API half is exercised end to end in
+test_workflows_run.py; here, the shape checks on files an attacker controls."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / ".github" / "scripts" / "result_bundle.py"
+_spec = importlib.util.spec_from_file_location("result_bundle", SCRIPT)
+assert _spec and _spec.loader
+bundle_mod = importlib.util.module_from_spec(_spec)
+sys.modules["result_bundle"] = bundle_mod  # dataclasses look their module up there
+_spec.loader.exec_module(bundle_mod)
+
+SHA = "a" * 40
+
+
+def make_bundle(root: Path, pr: str = "7", sha: str = SHA, names: tuple[str, ...] = ("higher-lr",)) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pr-number").write_text(pr + "\n")
+    (root / "head-sha").write_text(sha + "\n")
+    (root / "experiments").write_text("".join(n + "\n" for n in names))
+    for name in names:
+        if bundle_mod.NAME_RE.fullmatch(name):
+            (root / name).mkdir(exist_ok=True)
+            (root / name / "comment.md").write_text(f"### {name}\n")
+    return root
+
+
+@pytest.mark.unit
+def test_an_honest_bundle_is_read(tmp_path: Path) -> None:
+    verified = bundle_mod.read_bundle(make_bundle(tmp_path / "b", names=("higher-lr", "base")), SHA)
+    assert (verified.pr, verified.head_sha, verified.experiments) == (7, SHA, ["higher-lr", "base"])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"pr": "7; rm -rf /"}, "not a pull request number"),
+        ({"pr": "0"}, "not a pull request number"),
+        ({"pr": "-3"}, "not a pull request number"),
+        ({"sha": "b" * 40}, "the workflow run tested"),
+        ({"sha": "HEAD"}, "not a 40-hex commit SHA"),
+        ({"names": ("../../etc",)}, "is not an experiment name"),
+        ({"names": ("$(id)",)}, "is not an experiment name"),
+    ],
+    ids=["shell-in-pr", "pr-zero", "pr-negative", "other-sha", "symbolic-sha", "path-traversal", "shell-in-name"],
+)
+def test_a_tampered_bundle_is_rejected(tmp_path: Path, kwargs: dict, message: str) -> None:
+    with pytest.raises(bundle_mod.BundleRejected, match=message):
+        bundle_mod.read_bundle(make_bundle(tmp_path / "b", **kwargs), SHA)
+
+
+@pytest.mark.unit
+def test_symlinks_and_oversized_bodies_are_rejected(tmp_path: Path) -> None:
+    root = make_bundle(tmp_path / "b")
+    body = root / "higher-lr" / "comment.md"
+    body.unlink()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("token")
+    body.symlink_to(secret)
+    with pytest.raises(bundle_mod.BundleRejected, match="not a plain file"):
+        bundle_mod.read_bundle(root, SHA)
+    body.unlink()
+    body.write_text("x" * (bundle_mod.COMMENT_LIMIT + 1))
+    with pytest.raises(bundle_mod.BundleRejected, match="comment limit"):
+        bundle_mod.read_bundle(root, SHA)
+
+
+@pytest.mark.unit
+def test_render_says_awaiting_train_only_when_every_stage_passed(tmp_path: Path) -> None:
+    root = make_bundle(tmp_path / "b")
+    (root / "higher-lr" / "plan.txt").write_text("plan: higher-lr\n  tier small\n")
+    stages = dict.fromkeys(bundle_mod.STAGES_IN_ORDER, "success")
+    (path,) = bundle_mod.render(root, stages)
+    text = path.read_text()
+    assert "Awaiting `/train`" in text and "tier small" in text
+    (path,) = bundle_mod.render(root, {**stages, "smoke": "failure"})
+    text = path.read_text()
+    assert "Awaiting" not in text and "smoke: failure" in text

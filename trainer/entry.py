@@ -1,0 +1,69 @@
+"""Thin entry point of the execution layer: parse, build, run, close.
+
+Exit codes: 0 finished; 5 failed or stopped (see result.json); 143 preempted by SIGTERM
+after saving a checkpoint (orchestration resumes the run); 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _environment() -> None:
+    for key, value in {
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "true",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }.items():
+        os.environ.setdefault(key, value)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    parser.add_argument("--spec", required=True, type=Path, help="RUN/spec.resolved.json")
+    parser.add_argument("--run-dir", required=True, type=Path, help="run directory (checkpoints, metrics, result.json)")
+    parser.add_argument("--data-dir", required=True, type=Path, help="prepared data cache directory (data/cache/<version>)")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow URI; 'none' disables. Default: $MLFLOW_TRACKING_URI or sqlite:///<repo>/mlflow.db")
+    parser.add_argument("--smoke", action="store_true", help="shrunk model, a few dozen steps overfitting one batch")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _environment()
+    args = parse_args(argv)
+    from validation.errors import PipelineError
+    from validation.spec import ExperimentSpec
+
+    try:
+        spec = ExperimentSpec.model_validate(json.loads(args.spec.read_text()))
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot read spec {args.spec}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    from trainer.tracking import default_tracking_uri
+
+    uri = args.tracking_uri or default_tracking_uri(REPO_ROOT)
+    try:
+        from trainer.loop import Trainer
+
+        overfit = False
+        if args.smoke:
+            from trainer.data import PreparedData
+            from trainer.smoke import smoke_spec
+
+            spec = smoke_spec(spec, PreparedData.open(args.data_dir, verify=False).vocab_size)
+            overfit = True
+        trainer = Trainer(spec, args.run_dir, args.data_dir, tracking_uri=uri, overfit_one_batch=overfit)
+        _, code = trainer.run()
+        return code
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code

@@ -1,0 +1,132 @@
+"""The network, built from the spec's `model` section with transformers (never downloaded).
+
+Also the arithmetic the monitor needs: FLOPs per token (for MFU) and the device's peak.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+# Dense peak TFLOPS per device for MFU when `resource.peak_tflops` is not given.
+# GPUs: vendor bf16 dense figures. CPU: per *thread*, a conservative AVX-512 figure
+# (2 FMA units x 16 fp32 lanes x 2 flops x ~2.5 GHz = 160 GFLOPS, halved for the
+# memory-bound reality of small matmuls); it is documented, not measured, so MFU on a
+# CPU is a relative figure: compare runs on the same machine, not against GPUs.
+DEFAULT_PEAK_TFLOPS: dict[str, float] = {
+    "h200": 989.0,
+    "h100": 989.0,
+    "a100": 312.0,
+    "l40s": 362.0,
+    "a10g": 125.0,
+    "l4": 121.0,
+    "t4": 65.0,
+    "v100": 125.0,
+}
+CPU_PEAK_TFLOPS_PER_THREAD = 0.08
+
+
+def hf_config(model_spec: Any, seq_len: int | None = None) -> Any:
+    """A transformers config for `model_spec` (a `validation.spec.ModelSpec`).
+
+    Dropout is zero everywhere: packing + deterministic resume need a model whose forward
+    pass depends on the weights and the batch only.
+    """
+    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+    m = model_spec
+    common: dict[str, Any] = {
+        "vocab_size": m.vocab_size,
+        "tie_word_embeddings": m.tie_word_embeddings,
+        "use_cache": False,
+    }
+    if m.model_type == "gpt2":
+        cfg = GPT2Config(
+            n_embd=m.hidden_size,
+            n_layer=m.num_layers,
+            n_head=m.num_heads,
+            n_inner=m.ffn_size,
+            n_positions=m.max_position_embeddings,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
+    else:
+        cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[m.model_type]
+        extra: dict[str, Any] = {}
+        if m.model_type == "mistral":
+            extra["sliding_window"] = None
+        cfg = cls(
+            hidden_size=m.hidden_size,
+            num_hidden_layers=m.num_layers,
+            num_attention_heads=m.num_heads,
+            num_key_value_heads=m.num_kv_heads or m.num_heads,
+            intermediate_size=m.ffn_size,
+            max_position_embeddings=m.max_position_embeddings,
+            attention_dropout=0.0,
+            **extra,
+            **common,
+        )
+    cfg._attn_implementation = m.attn_implementation
+    return cfg
+
+
+def build_model(model_spec: Any, init_from: Path | None = None) -> Any:
+    """A randomly initialised causal LM (seeded by the caller), or weights from `init_from`."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = hf_config(model_spec)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=model_spec.attn_implementation)
+    if init_from is not None:
+        load_weights(model, init_from)
+    model.config.use_cache = False
+    return model
+
+
+def load_weights(model: Any, directory: Path) -> None:
+    """Load `model.safetensors` from a checkpoint or export directory (strict)."""
+    from safetensors.torch import load_file
+
+    path = Path(directory) / "model.safetensors"
+    state = load_file(str(path))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied output weights are legitimately absent from the file.
+    missing = [k for k in missing if not (model.config.tie_word_embeddings and k.endswith("lm_head.weight"))]
+    if missing or unexpected:
+        raise ValueError(f"{path}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def parameter_count(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(model_spec: Any, seq_len: int, n_params: int) -> float:
+    """Training FLOPs per token: 6N for the matmuls plus 12·L·H·Q·T for attention (PaLM, app. B).
+
+    N excludes position embeddings (a lookup, no matmul); a tied embedding counts once,
+    as the output projection, which is a real matmul.
+    """
+    m = model_spec
+    n = n_params
+    if m.model_type == "gpt2":
+        n -= m.max_position_embeddings * m.hidden_size
+    attention = 12 * m.num_layers * m.hidden_size * seq_len
+    return 6.0 * n + attention
+
+
+def peak_flops(resource: Any, on_gpu: bool, threads: int) -> float:
+    """Peak FLOP/s of one device (one process on CPU)."""
+    if resource.peak_tflops:
+        return resource.peak_tflops * 1e12
+    if on_gpu:
+        return DEFAULT_PEAK_TFLOPS.get(resource.gpu_type, 312.0) * 1e12
+    return CPU_PEAK_TFLOPS_PER_THREAD * max(1, threads) * 1e12
+
+
+def bits_per_byte(loss_nats: float, bytes_per_token: float) -> float:
+    """Loss per token in nats -> bits per byte of text (tokenizer-independent)."""
+    if not bytes_per_token or not math.isfinite(loss_nats):
+        return float("nan")
+    return loss_nats / bytes_per_token / math.log(2)

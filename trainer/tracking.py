@@ -1,0 +1,384 @@
+"""Metric sinks: MLflow (batched, spooled when the server is away), metrics.jsonl, and a null sink.
+
+Exactly once: every sink keeps a per-key high-water mark of the steps it has recorded
+(MLflow: read back from the server with `get_metric_history` when a run is resumed or a
+spool is replayed; metrics.jsonl: read back from the file). A point whose step is not
+above its key's mark is dropped. Keys are logged in increasing step order, so a resumed
+run that repeats steps, or a replay after a half-acknowledged request, records each
+(key, step) once.
+
+Only rank 0 builds a real sink; the other ranks get `NullSink`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger("trainer.tracking")
+
+SPOOL = "mlflow_spool.jsonl"
+RUN_FILE = "mlflow_run.json"
+# log_batch limits of the MLflow REST API.
+MAX_METRICS_PER_BATCH = 1000
+MAX_PARAMS_PER_BATCH = 100
+MAX_TAGS_PER_BATCH = 100
+OFFLINE_RETRY_S = 30.0
+
+
+class MetricSink(Protocol):
+    """Where metrics go. Five methods; a disabled destination is `NullSink`."""
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self, status: str) -> None: ...
+
+
+class NullSink:
+    run_id: str | None = None
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        pass
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self, status: str) -> None:
+        pass
+
+
+class FanoutSink:
+    """Sends every call to several sinks (metrics.jsonl + MLflow)."""
+
+    def __init__(self, *sinks: Any):
+        self.sinks = sinks
+
+    @property
+    def run_id(self) -> str | None:
+        return next((s.run_id for s in self.sinks if getattr(s, "run_id", None)), None)
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        for s in self.sinks:
+            s.log_metrics(step, metrics)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        for s in self.sinks:
+            s.set_tags(tags)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        for s in self.sinks:
+            s.log_params(params)
+
+    def flush(self) -> None:
+        for s in self.sinks:
+            s.flush()
+
+    def close(self, status: str) -> None:
+        for s in self.sinks:
+            s.close(status)
+
+
+def filter_new_points(
+    points: list[tuple[str, int, float, int]], high_water: dict[str, int]
+) -> list[tuple[str, int, float, int]]:
+    """Keep the points (key, step, value, ts) above their key's mark, each (key, step) once. Pure;
+    updates `high_water` for the points it keeps."""
+    kept = []
+    for key, step, value, ts in points:
+        if step > high_water.get(key, -1):
+            kept.append((key, step, value, ts))
+            high_water[key] = step
+    return kept
+
+
+def read_jsonl_tolerant(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Records of a JSON Lines file, and the byte length of its complete lines.
+
+    A process killed mid-write leaves a partial last line: it is ignored (and the caller
+    truncates the file to the returned length before appending).
+    """
+    if not path.is_file():
+        return [], 0
+    data = path.read_bytes()
+    records, good = [], 0
+    for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            break
+        good += len(line)
+    return records, good
+
+
+class JsonlMetrics:
+    """RUN/metrics.jsonl: one {"step","key","value"} per point, each (key, step) once across resumes."""
+
+    run_id: str | None = None
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        records, good = read_jsonl_tolerant(self.path)
+        if self.path.is_file() and good != self.path.stat().st_size:
+            with open(self.path, "r+b") as fh:
+                fh.truncate(good)
+        self.high_water: dict[str, int] = {}
+        for r in records:
+            self.high_water[r["key"]] = max(self.high_water.get(r["key"], -1), r["step"])
+        self._pending: list[tuple[str, int, float, int]] = []
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        ts = int(time.time() * 1000)
+        self._pending.extend((k, step, float(v), ts) for k, v in metrics.items())
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        pass
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        pass
+
+    def flush(self) -> None:
+        points = filter_new_points(self._pending, self.high_water)
+        self._pending = []
+        if points:
+            with open(self.path, "a") as fh:
+                fh.write("".join(json.dumps({"step": s, "key": k, "value": v}) + "\n" for k, s, v, _ in points))
+
+    def close(self, status: str) -> None:
+        self.flush()
+
+
+def default_tracking_uri(repo_root: Path) -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(repo_root).resolve()}/mlflow.db"
+
+
+def _quiet_http() -> None:
+    # A dead server must cost milliseconds per flush, not MLflow's default minutes of retries.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+class MlflowSink:
+    """MLflow through `MlflowClient.log_batch`, one call per flush (never one per point).
+
+    When the server cannot be reached, points, tags and params are appended to
+    RUN/mlflow_spool.jsonl; the next successful flush (or `replay_spool`) sends them first.
+    The run id lives in RUN/mlflow_run.json as soon as it exists, so a resumed process
+    continues the same MLflow run.
+    """
+
+    def __init__(self, tracking_uri: str, experiment: str, run_dir: Path, run_id: str | None = None,
+                 run_name: str | None = None):
+        _quiet_http()
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self.run_dir = Path(run_dir)
+        self.spool = self.run_dir / SPOOL
+        self.run_file = self.run_dir / RUN_FILE
+        saved = json.loads(self.run_file.read_text()) if self.run_file.is_file() else {}
+        self.run_id: str | None = run_id or saved.get("run_id")
+        self.run_name = run_name or saved.get("run_name") or self.run_dir.name
+        self.high_water: dict[str, int] = {}
+        self._client: Any = None
+        self._pending_metrics: list[tuple[str, int, float, int]] = []
+        self._pending_tags: dict[str, str] = {}
+        self._pending_params: dict[str, str] = {}
+        self._offline_since: float | None = None
+        self.calls = 0  # log_batch requests made (for the overhead benchmark)
+        self._write_run_file()
+        self._connect()
+
+    # ---------------------------------------------------------------- protocol
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        ts = int(time.time() * 1000)
+        self._pending_metrics.extend((k, step, float(v), ts) for k, v in metrics.items())
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self._pending_tags.update({k: str(v)[:5000] for k, v in tags.items()})
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        self._pending_params.update({k: str(v)[:6000] for k, v in params.items()})
+
+    def flush(self, force: bool = False) -> None:
+        if not (self._pending_metrics or self._pending_tags or self._pending_params or self.spool.exists()):
+            return
+        if self._offline_since is not None and not force and time.monotonic() - self._offline_since < OFFLINE_RETRY_S:
+            self._spool_pending()
+            return
+        try:
+            if self._client is None or self.run_id is None:
+                self._connect(raise_errors=True)
+            self._replay_spool_file()
+            self._send(self._pending_metrics, self._pending_tags, self._pending_params)
+            self._pending_metrics, self._pending_tags, self._pending_params = [], {}, {}
+            self._offline_since = None
+        except Exception as exc:  # noqa: BLE001 - any transport/server error means "spool and go on"
+            if self._offline_since is None:
+                log.warning("MLflow at %s unreachable (%s); spooling to %s", self.tracking_uri, _short(exc), self.spool)
+            self._offline_since = time.monotonic()
+            self._spool_pending()
+
+    def close(self, status: str) -> None:
+        """Flush (retrying once even if offline) and mark the run FINISHED / FAILED / KILLED.
+
+        status "preempted" leaves the run RUNNING: the resumed process continues it.
+        """
+        self.flush(force=True)
+        if self._offline_since is not None or self.run_id is None or status == "preempted":
+            return
+        mlflow_status = {"finished": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}.get(status, "FINISHED")
+        try:
+            self._client.set_terminated(self.run_id, mlflow_status)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not mark MLflow run %s %s: %s", self.run_id, mlflow_status, _short(exc))
+
+    # ---------------------------------------------------------------- internals
+
+    def _write_run_file(self) -> None:
+        from trainer.checkpoint import write_json_atomic
+
+        write_json_atomic(self.run_file, {"run_id": self.run_id, "experiment": self.experiment,
+                                          "run_name": self.run_name, "tracking_uri": self.tracking_uri})
+
+    def _connect(self, raise_errors: bool = False) -> None:
+        try:
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(tracking_uri=self.tracking_uri)
+            if self.run_id is None:
+                exp = client.get_experiment_by_name(self.experiment)
+                exp_id = exp.experiment_id if exp else client.create_experiment(self.experiment)
+                run = client.create_run(exp_id, run_name=self.run_name)
+                self.run_id = run.info.run_id
+                self._write_run_file()
+            else:
+                run = client.get_run(self.run_id)
+                if run.info.status != "RUNNING":
+                    client.update_run(self.run_id, status="RUNNING")
+                self._load_high_water(client, run)
+            self._client = client
+            self._offline_since = None
+        except Exception as exc:  # noqa: BLE001
+            self._client = None
+            self._offline_since = time.monotonic()
+            log.warning("MLflow at %s unreachable (%s); metrics go to %s until it is back",
+                        self.tracking_uri, _short(exc), self.spool)
+            if raise_errors:
+                raise
+
+    def _load_high_water(self, client: Any, run: Any) -> None:
+        for key in run.data.metrics:
+            history = client.get_metric_history(self.run_id, key)
+            if history:
+                self.high_water[key] = max(self.high_water.get(key, -1), max(m.step for m in history))
+
+    def _send(self, metrics: list[tuple[str, int, float, int]], tags: dict[str, str], params: dict[str, str]) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        points = filter_new_points(metrics, dict(self.high_water))
+        tag_items = [RunTag(k, v) for k, v in tags.items()]
+        param_items = [Param(k, v) for k, v in params.items()]
+        while points or tag_items or param_items:
+            chunk_m, points = points[:MAX_METRICS_PER_BATCH], points[MAX_METRICS_PER_BATCH:]
+            chunk_t, tag_items = tag_items[:MAX_TAGS_PER_BATCH], tag_items[MAX_TAGS_PER_BATCH:]
+            room = MAX_METRICS_PER_BATCH - len(chunk_m) - len(chunk_t)
+            chunk_p, param_items = param_items[: min(MAX_PARAMS_PER_BATCH, room)], param_items[min(MAX_PARAMS_PER_BATCH, room) :]
+            try:
+                self._client.log_batch(self.run_id, metrics=[Metric(k, v, ts, s) for k, s, v, ts in chunk_m],
+                                       params=chunk_p, tags=chunk_t)
+            except Exception as exc:
+                # A param logged earlier with another value (MLflow params are immutable) must
+                # not block metrics forever: retry without params.
+                if chunk_p and "param" in str(exc).lower() and ("changing" in str(exc).lower() or "already" in str(exc).lower()):
+                    self._client.log_batch(self.run_id, metrics=[Metric(k, v, ts, s) for k, s, v, ts in chunk_m],
+                                           params=[], tags=chunk_t)
+                else:
+                    raise
+            self.calls += 1
+            for k, s, _, _ in chunk_m:  # acknowledged: advance the marks
+                self.high_water[k] = max(self.high_water.get(k, -1), s)
+
+    def _spool_pending(self) -> None:
+        if not (self._pending_metrics or self._pending_tags or self._pending_params):
+            return
+        with open(self.spool, "a") as fh:
+            for k, s, v, ts in self._pending_metrics:
+                fh.write(json.dumps({"t": "m", "k": k, "s": s, "v": v, "ts": ts}) + "\n")
+            for k, v in self._pending_tags.items():
+                fh.write(json.dumps({"t": "tag", "k": k, "v": v}) + "\n")
+            for k, v in self._pending_params.items():
+                fh.write(json.dumps({"t": "param", "k": k, "v": v}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._pending_metrics, self._pending_tags, self._pending_params = [], {}, {}
+
+    def _replay_spool_file(self) -> int:
+        if not self.spool.exists():
+            return 0
+        records, _ = read_jsonl_tolerant(self.spool)
+        # Refresh the marks from the server: a request that timed out may have landed.
+        self._load_high_water(self._client, self._client.get_run(self.run_id))
+        metrics = [(r["k"], r["s"], r["v"], r["ts"]) for r in records if r["t"] == "m"]
+        tags = {r["k"]: r["v"] for r in records if r["t"] == "tag"}
+        params = {r["k"]: r["v"] for r in records if r["t"] == "param"}
+        self._send(metrics, tags, params)
+        self.spool.unlink()
+        log.info("replayed %d spooled MLflow points from %s", len(metrics), self.spool)
+        return len(metrics)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+
+
+def replay_spool(run_dir: Path, tracking_uri: str | None = None) -> dict[str, Any]:
+    """Send a run's spooled metrics to MLflow (creating the run if it never reached the server).
+
+    Updates result.json's `mlflow_run_id` when the run id was not known before. Raises
+    `TrackingError` when the server is still unreachable.
+    """
+    from validation.errors import TrackingError
+
+    run_dir = Path(run_dir)
+    saved = json.loads((run_dir / RUN_FILE).read_text()) if (run_dir / RUN_FILE).is_file() else {}
+    uri = tracking_uri or saved.get("tracking_uri")
+    if not uri or not saved.get("experiment"):
+        raise TrackingError(f"{run_dir}: no {RUN_FILE}; nothing to replay")
+    pending = len(read_jsonl_tolerant(run_dir / SPOOL)[0])
+    sink = MlflowSink(uri, saved["experiment"], run_dir)
+    if sink.run_id is None:
+        raise TrackingError(f"MLflow at {uri} still unreachable; {pending} records stay in {run_dir / SPOOL}")
+    sink.flush(force=True)
+    if (run_dir / SPOOL).exists():
+        raise TrackingError(f"MLflow at {uri} still unreachable; records stay in {run_dir / SPOOL}")
+    result_path = run_dir / "result.json"
+    if result_path.is_file():
+        from trainer.checkpoint import write_json_atomic
+
+        result = json.loads(result_path.read_text())
+        if result.get("mlflow_run_id") != sink.run_id:
+            result["mlflow_run_id"] = sink.run_id
+            write_json_atomic(result_path, result)
+        if result.get("status") in ("finished", "failed", "stopped"):
+            sink.close(result["status"])
+    return {"run_id": sink.run_id, "records": pending}

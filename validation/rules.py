@@ -1,0 +1,286 @@
+"""Cross-field rules: what no single section can check on its own.
+
+Each rule returns `Violation`s that name the field a person should change (not the
+section that happened to notice), so the loader can point at that YAML line. Rules
+run on a spec that already passed the models, so they trust their typed inputs.
+All of them run; nothing stops at the first problem.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from validation.spec import ExperimentSpec, ParallelLayout
+
+WEIGHT_TOLERANCE = 1e-6
+_SOURCE_METRIC = re.compile(r"^eval/(?P<source>[a-z0-9][a-z0-9_-]{0,31})/(loss|bpb)$")
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A broken rule: the spec path of the field to change and what is wrong with it."""
+
+    path: tuple[str | int, ...]
+    message: str
+
+
+Rule = Callable[[ExperimentSpec], Iterator[Violation]]
+
+
+def check(spec: ExperimentSpec) -> list[Violation]:
+    """Every violation of every rule, in rule order."""
+    return [violation for rule in RULES for violation in rule(spec)]
+
+
+# --------------------------------------------------------------------------- parallelism
+
+
+def parallel_divides_model(spec: ExperimentSpec) -> Iterator[Violation]:
+    """Tensor parallelism splits heads, pipeline parallelism splits layers: both must divide evenly."""
+    if not isinstance(spec.parallel, ParallelLayout):
+        return
+    layout, model = spec.parallel, spec.model
+    kv = model.num_kv_heads or model.num_heads
+    if model.num_heads % layout.tp:
+        yield Violation(("parallel", "tp"), f"tp={layout.tp} must divide model.num_heads ({model.num_heads})")
+    elif kv % layout.tp:
+        yield Violation(("parallel", "tp"), f"tp={layout.tp} must divide model.num_kv_heads ({kv})")
+    if model.num_layers % layout.pp:
+        yield Violation(
+            ("parallel", "pp"), f"pp={layout.pp} must divide model.num_layers ({model.num_layers})"
+        )
+
+
+def layout_matches_resources(spec: ExperimentSpec) -> Iterator[Violation]:
+    """An explicit layout uses exactly the processes the resources provide."""
+    if not isinstance(spec.parallel, ParallelLayout):
+        return
+    layout, res = spec.parallel, spec.resource
+    product = layout.dp * layout.tp * layout.pp
+    if product != res.world_size:
+        per_node = (
+            f"gpus_per_node={res.gpus_per_node}"
+            if res.gpus_per_node
+            else f"cpu_processes={res.cpu_processes}"
+        )
+        yield Violation(
+            ("parallel", "dp"),
+            f"dp*tp*pp = {layout.dp}*{layout.tp}*{layout.pp} = {product} must equal the world size "
+            f"resource.nodes*{per_node} = {res.world_size}",
+        )
+
+
+def cpu_supports_data_parallel_only(spec: ExperimentSpec) -> Iterator[Violation]:
+    """CPU processes (gloo) train with plain data parallelism; sharding and model parallelism need GPUs."""
+    if spec.resource.gpus_per_node or not isinstance(spec.parallel, ParallelLayout):
+        return
+    layout = spec.parallel
+    for name, active in (("fsdp", layout.fsdp), ("tp", layout.tp > 1), ("pp", layout.pp > 1)):
+        if active:
+            yield Violation(
+                ("parallel", name),
+                f"{name} needs GPUs (resource.gpus_per_node > 0); CPU runs support data parallelism only",
+            )
+
+
+def global_batch_consistent(spec: ExperimentSpec) -> Iterator[Violation]:
+    """A stated global batch is a promise: micro x accumulation x dp must keep it."""
+    given = spec.train.global_batch_size
+    if given is None:
+        return
+    dp = spec.parallel_layout().dp
+    actual = spec.global_batch(dp)
+    if actual != given:
+        yield Violation(
+            ("train", "global_batch_size"),
+            f"{given} != micro_batch_size*grad_accum_steps*dp = "
+            f"{spec.train.micro_batch_size}*{spec.train.grad_accum_steps}*{dp} = {actual}",
+        )
+
+
+# --------------------------------------------------------------------------- data and model
+
+
+def mixture_weights(spec: ExperimentSpec) -> Iterator[Violation]:
+    """The mixture is a distribution: weights sum to 1 and at least one source is used."""
+    weights = spec.data.weights()
+    total = math.fsum(weights.values())
+    if abs(total - 1.0) > WEIGHT_TOLERANCE:
+        listed = ", ".join(f"{name}={w:g}" for name, w in weights.items())
+        yield Violation(("data", "sources"), f"mixture weights must sum to 1, got {total:.6g} ({listed})")
+    elif not any(w > 0 for w in weights.values()):
+        yield Violation(("data", "sources"), "at least one source needs a weight > 0")
+
+
+def metrics_exist(spec: ExperimentSpec) -> Iterator[Violation]:
+    """`eval/<source>/...` metrics only exist for sources in the mixture."""
+    names = [s.name for s in spec.data.sources]
+    metrics = {("hypothesis", "metric"): spec.hypothesis.metric}
+    if spec.sweep is not None and spec.sweep.metric is not None:
+        metrics[("sweep", "metric")] = spec.sweep.metric
+    for path, metric in metrics.items():
+        match = _SOURCE_METRIC.match(metric)
+        if match and match["source"] not in names:
+            close = difflib.get_close_matches(match["source"], names, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            yield Violation(
+                path,
+                f"'{metric}' names source '{match['source']}', which is not in data.sources "
+                f"({', '.join(names)}){hint}",
+            )
+
+
+def tokenizer_fits_model(spec: ExperimentSpec) -> Iterator[Violation]:
+    """Token ids must have embedding rows; sequences must have positions."""
+    tok = spec.data.tokenizer
+    if tok.vocab_size > spec.model.vocab_size:
+        yield Violation(
+            ("data", "tokenizer", "vocab_size"),
+            f"{tok.vocab_size} exceeds model.vocab_size ({spec.model.vocab_size})",
+        )
+    if spec.data.seq_len > spec.model.max_position_embeddings:
+        yield Violation(
+            ("data", "seq_len"),
+            f"{spec.data.seq_len} exceeds model.max_position_embeddings ({spec.model.max_position_embeddings})",
+        )
+    if tok.kind == "local" and not tok.path:
+        yield Violation(
+            ("data", "tokenizer", "path"), "kind: local needs a path to a directory with tokenizer.json"
+        )
+    if tok.kind == "bpe" and tok.path:
+        yield Violation(("data", "tokenizer", "path"), "path is only used with kind: local (bpe is trained)")
+
+
+# --------------------------------------------------------------------------- hypothesis, train, resources
+
+
+def baseline_is_another_experiment(spec: ExperimentSpec) -> Iterator[Violation]:
+    if spec.hypothesis.baseline == spec.name:
+        yield Violation(
+            ("hypothesis", "baseline"),
+            f"an experiment cannot be its own baseline ('{spec.name}'); name another experiment or `champion`",
+        )
+
+
+def schedule_fits_steps(spec: ExperimentSpec) -> Iterator[Violation]:
+    """Warmup must end before training does, or the schedule never reaches its peak."""
+    steps = spec.total_steps(spec.parallel_layout().dp)
+    if spec.train.warmup_steps >= steps:
+        yield Violation(
+            ("train", "warmup_steps"),
+            f"{spec.train.warmup_steps} must be less than the total steps ({steps})",
+        )
+
+
+def precision_fits_device(spec: ExperimentSpec) -> Iterator[Violation]:
+    if spec.train.precision == "fp16" and not spec.resource.gpus_per_node:
+        yield Violation(("train", "precision"), "fp16 needs GPUs; use fp32 or bf16 on CPU")
+
+
+def launcher_consistent(spec: ExperimentSpec) -> Iterator[Violation]:
+    """Each launcher needs its own settings and ignores the others'."""
+    res = spec.resource
+    if res.launcher == "static" and not res.rendezvous:
+        yield Violation(
+            ("resource", "rendezvous"), "the static launcher needs rendezvous: host:port of node 0"
+        )
+    if res.launcher != "static" and res.rendezvous:
+        yield Violation(
+            ("resource", "rendezvous"), f"only used by the static launcher (launcher is {res.launcher})"
+        )
+    if res.launcher != "slurm" and res.partition:
+        yield Violation(
+            ("resource", "partition"), f"only used by the slurm launcher (launcher is {res.launcher})"
+        )
+    if res.launcher == "local" and res.nodes > 1:
+        yield Violation(
+            ("resource", "nodes"),
+            f"the local launcher runs on one host; nodes={res.nodes} needs slurm or static",
+        )
+    if res.gpus_per_node and res.gpu_type == "cpu":
+        yield Violation(
+            ("resource", "gpu_type"), "set the accelerator type (e.g. h100) when gpus_per_node > 0"
+        )
+
+
+def sweep_parameters_exist(spec: ExperimentSpec) -> Iterator[Violation]:
+    """Each swept path names a real field and every value to try is valid there."""
+    if spec.sweep is None:
+        return
+    base = spec.model_dump(mode="json", by_alias=True)
+    combos = 1
+    for dotted_path, values in spec.sweep.parameters.items():
+        combos *= len(values)
+        where = ("sweep", "parameters", dotted_path)
+        keys = dotted_path.split(".")
+        problem = _leaf_field_problem(keys)
+        if problem:
+            yield Violation(where, problem)
+            continue
+        for value in values:
+            trial = _with_value(base, keys, value)
+            try:
+                ExperimentSpec.model_validate(trial)
+            except ValidationError as exc:
+                first = exc.errors(include_url=False)[0]
+                yield Violation(where, f"value {value!r} is invalid for {dotted_path}: {first['msg']}")
+                break
+    if spec.sweep.method == "grid" and combos > spec.sweep.max_trials:
+        yield Violation(
+            ("sweep", "max_trials"),
+            f"grid has {combos} combinations but max_trials is {spec.sweep.max_trials}; "
+            "raise it or use method: random",
+        )
+
+
+def _leaf_field_problem(keys: list[str]) -> str | None:
+    model: type[BaseModel] = ExperimentSpec
+    for depth, key in enumerate(keys):
+        fields = model.model_fields
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            return f"'{'.'.join(keys)}' is not a field: no '{key}' in {'.'.join(keys[:depth]) or 'the spec'}{hint}"
+        annotation = fields[key].annotation
+        sub = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        last = depth == len(keys) - 1
+        if last and sub is not None:
+            return f"'{'.'.join(keys)}' is a section; sweep a single field inside it"
+        if not last:
+            if sub is None:
+                return f"'{'.'.join(keys)}' is not a field: '{key}' has no sub-fields"
+            model = sub
+    return None
+
+
+def _with_value(data: dict[str, Any], keys: list[str], value: Any) -> dict[str, Any]:
+    out = dict(data)
+    node = out
+    for key in keys[:-1]:
+        node[key] = dict(node.get(key) or {})
+        node = node[key]
+    node[keys[-1]] = value
+    return out
+
+
+RULES: tuple[Rule, ...] = (
+    parallel_divides_model,
+    layout_matches_resources,
+    cpu_supports_data_parallel_only,
+    global_batch_consistent,
+    mixture_weights,
+    metrics_exist,
+    tokenizer_fits_model,
+    baseline_is_another_experiment,
+    schedule_fits_steps,
+    precision_fits_device,
+    launcher_consistent,
+    sweep_parameters_exist,
+)
