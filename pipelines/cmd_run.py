@@ -38,7 +38,14 @@ class RichReporter:
         self.console.print(f"{icon} {experiment:<16} {stage:<9} {word}{suffix}")
 
     def training(self, label: str, run_dir: Path, total_steps: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         progress = Progress(
             TextColumn("  [bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -170,17 +177,27 @@ def status(run_ref: Annotated[str, typer.Argument(help="Run directory, <experime
 
 def cancel(run_ref: Annotated[str, typer.Argument(help="Run directory, <experiment>/<run-id> or run id.")]) -> None:
     """Cancel a run's trainings gracefully: each saves a checkpoint, then stops."""
-    from pipelines.launchers import cancel_run_dir
+    from pipelines.launchers import get_launcher, handle_for_run
     from pipelines.rundir import resolve_run
 
     run_dir = resolve_run(_repo(), run_ref)
     if run_dir is None:
         raise _fail(UsageError(f"{run_ref}: no such run under runs/"))
+    # A run dir of an experiment holds one trainer run per seed; a seed dir is itself a run.
+    candidates = [run_dir] if (run_dir / "launch.json").exists() else sorted((run_dir / "train").glob("seed-*"))
+    stopped = 0
     try:
-        n = cancel_run_dir(run_dir)
+        for seed_dir in candidates:
+            if not (seed_dir / "launch.json").exists() or (seed_dir / "result.json").exists():
+                continue
+            handle = handle_for_run(seed_dir)
+            state = get_launcher(handle.launcher).cancel(handle)
+            typer.echo(f"{seed_dir.name}: {handle.launcher} job {handle.job_id} -> {state.phase}")
+            stopped += 1
     except PipelineError as exc:
         raise _fail(exc) from None
-    typer.echo(f"cancel requested for {n} training job(s) of {run_dir}")
+    typer.echo(f"cancelled {stopped} running training job(s) of {run_dir}" if stopped
+               else f"nothing running in {run_dir}")
 
 
 def runs(

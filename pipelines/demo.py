@@ -52,8 +52,7 @@ def run_demo(repo: Path, experiment: str) -> None:
 
     console.rule("4. the pull request comment")
     assert candidate.report_dir is not None
-    comment = candidate.report_dir / "comment.md"
-    shown = comment if comment.exists() else candidate.report_dir / "report.md"
+    shown = candidate.report_dir / "comment.md"
     text = shown.read_text(encoding="utf-8")
     console.print(text[:3000] + ("\n..." if len(text) > 3000 else ""), markup=False, highlight=False)
     console.rule("summary")

@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.identity import CodeVersion, RunIdentity, code_version, experiment_key
-from pipelines.rundir import atomic_write_json, finished_training_runs, new_run_dir, read_json
+from pipelines.rundir import (
+    atomic_write_json,
+    atomic_write_text,
+    finished_training_runs,
+    new_run_dir,
+    read_json,
+)
 from pipelines.stages import StageOutcome, StageRunner
 from validation.errors import PipelineError, TrainingError, UsageError
 from validation.spec import ExperimentSpec
@@ -175,7 +181,7 @@ class ExperimentFlow:
         base_prepared = self._prepare_cached(baseline.spec) if baseline is not None else None
         stages.run("check", lambda: self._check(spec, prepared, base_prepared, run_dir / "check"), force=self.options.force)
         if self.options.smoke:
-            stages.run("smoke", lambda: self._smoke(spec, spec_path, run_dir / "smoke"), force=self.options.force)
+            stages.run("smoke", lambda: self._smoke(spec, prepared, run_dir / "smoke"), force=self.options.force)
 
         seed_dirs: list[Path] = []
         reused: list[bool] = []
@@ -231,12 +237,17 @@ class ExperimentFlow:
             raise DataCheckFailed(f"data checks failed for {spec.name}; see {out_dir / 'data_check.md'}")
         return StageOutcome(outputs=outputs, artifacts=[(out_dir / "data_check.json", "json"), (out_dir / "data_check.md", "file")])
 
-    def _smoke(self, spec: ExperimentSpec, spec_path: Path, out_dir: Path) -> StageOutcome:
+    def _smoke(self, spec: ExperimentSpec, prepared, out_dir: Path) -> StageOutcome:
         from trainer.smoke import run_smoke
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        result = run_smoke(spec, repo_root=self.repo, out_dir=out_dir)
-        return StageOutcome(outputs={"smoke": result}, artifacts=[(out_dir / "smoke.json", "json")])
+        result = run_smoke(spec, prepared, out_dir / "run", tracking_uri="none")
+        atomic_write_json(out_dir / "smoke.json", result)
+        if result.get("status") != "passed":
+            failed = [k for k, ok in result.get("checks", {}).items() if not ok]
+            raise TrainingError(f"smoke run of {spec.name} failed: {', '.join(failed) or 'see ' + str(out_dir)}")
+        return StageOutcome(outputs={"tokens_per_s": result.get("tokens_per_s"), "wall_s": result.get("wall_s")},
+                            artifacts=[(out_dir / "smoke.json", "json")])
 
     def _train_seed(self, spec: ExperimentSpec, seed: int, prepared, run_dir: Path, role: str) -> tuple[Path, bool]:
         identity = RunIdentity(spec.name, seed, self.code, spec.spec_hash(), prepared.version)
@@ -254,27 +265,19 @@ class ExperimentFlow:
             identity.to_dict(run_id=f"{run_dir.name}-s{seed}", pr=self.options.pr, launcher=launcher,
                              head_sha=self.options.sha, role=role),
         )
-        from pipelines.launchers import LaunchJob, get_launcher, run_with_retries
+        from pipelines.launchers import get_launcher, job_from_spec, run_with_retries
 
-        job = LaunchJob(
-            spec_path=seed_dir / "spec.resolved.json",
-            run_dir=seed_dir,
-            data_dir=prepared.path,
-            nodes=spec.resource.nodes,
-            procs_per_node=spec.resource.gpus_per_node or spec.resource.cpu_processes,
-            use_gpu=spec.resource.gpus_per_node > 0,
-            env={"MLFLOW_TRACKING_URI": self.tracking_uri},
-            tracking_uri=self.tracking_uri,
-            time_limit_minutes=spec.resource.time_limit_minutes,
-            partition=spec.resource.partition,
-            rendezvous=spec.resource.rendezvous,
+        job = job_from_spec(
+            seeded, spec_path=seed_dir / "spec.resolved.json", run_dir=seed_dir, data_dir=prepared.path,
+            tracking_uri=self.tracking_uri, env={"MLFLOW_TRACKING_URI": self.tracking_uri},
         )
         total = spec.total_steps(spec.parallel_layout().dp)
         done = self.reporter.training(f"{spec.name} seed {seed}", seed_dir, total)
         try:
-            state = run_with_retries(get_launcher(launcher), job, max_restarts=spec.train.max_restarts)
+            outcome = run_with_retries(get_launcher(launcher), job)
         finally:
             done()
+        state = outcome.state
         result = read_json(seed_dir / "result.json")
         if not result or result.get("status") != "finished":
             status = result.get("status") if result else "no result.json"
@@ -308,23 +311,34 @@ class ExperimentFlow:
             out_dir=out_dir,
             mlflow_url=os.environ.get("PIPELINE_MLFLOW_PUBLIC_URL"),
         )
-        self._publish(candidate, out_dir)
+        comment = self._publish(candidate, out_dir)
         verdict = getattr(report, "verdict", None)
         outputs = {
             "report_dir": str(out_dir),
             "verdict": getattr(verdict, "outcome", None) or getattr(verdict, "label", None) or str(verdict),
             "verdict_reason": getattr(verdict, "reason", ""),
+            "comment": str(comment) if comment else None,
         }
         return StageOutcome(outputs=outputs, artifacts=[(out_dir / "report.md", "file"), (out_dir / "result.json", "json")])
 
-    def _publish(self, candidate: ExperimentResult, report_dir: Path) -> None:
-        """Post the sticky comment when a PR and a token are known; otherwise write it locally."""
-        body = (report_dir / "report.md").read_text(encoding="utf-8")
-        from pipelines.github import publish_comment
+    def _publish(self, candidate: ExperimentResult, report_dir: Path) -> Path | None:
+        """Update the sticky comment: on GitHub when a PR and a token are known, else a local file."""
+        from pipelines.github.client import DryRunCodeHost, GitHubConfig, PyGithubHost
+        from pipelines.github.comment import StickyComment
 
-        publish_comment(
-            experiment=candidate.spec.name, body=body, pr=self.options.pr, out_dir=report_dir,
-        )
+        body = (report_dir / "report.md").read_text(encoding="utf-8")
+        state = {"stage": "report"} | ({"validated_sha": self.options.sha} if self.options.sha else {})
+        if self.options.pr and os.environ.get("GITHUB_TOKEN") and os.environ.get("GITHUB_REPOSITORY"):
+            config = GitHubConfig.from_env(os.environ["GITHUB_REPOSITORY"])
+            StickyComment.for_experiment(PyGithubHost(config), self.options.pr, candidate.spec.name,
+                                         author=config.bot_login).upsert(body, state)
+            return None
+        host = DryRunCodeHost(report_dir / "comments")
+        posted = StickyComment.for_experiment(host, self.options.pr or 0, candidate.spec.name,
+                                              author=host.bot_login).upsert(body, state)
+        path = Path(host.path_of(posted))
+        atomic_write_text(report_dir / "comment.md", path.read_text(encoding="utf-8"))
+        return report_dir / "comment.md"
 
 
 def _detail(result: Any) -> str:

@@ -83,7 +83,7 @@ def test_demo_passes_against_itself_and_drifted_data_fails(demo_repo: Path, tmp_
     assert (tmp_path / "bad/data_check.md").read_text() == bad.markdown
 
 
-@pytest.mark.unit
+@pytest.mark.integration
 def test_absolute_rules_use_spec_thresholds(demo_repo: Path, tmp_path: Path) -> None:
     spec = make_spec(demo_sources(), checks={"min_documents": 10_000, "min_tokens": 10, "max_duplicate_rate": 0.0})
     prepared = prepare_data(spec.data, demo_repo, progress=False)
@@ -118,3 +118,16 @@ def test_cli_check_exit_codes(demo_repo: Path, tmp_path: Path) -> None:
     assert "error: data checks failed for drifted" in run.stderr and "Traceback" not in run.stderr
     assert "docs: median document length moved from" in run.stdout
     assert (tmp_path / "data_check.html").is_file()
+
+
+@pytest.mark.integration
+def test_a_new_source_is_not_drift_checked(demo_repo: Path) -> None:
+    base_spec = make_spec(demo_sources({"code": 0.5, "docs": 0.5}))
+    base = prepare_data(base_spec.data, demo_repo, progress=False)
+    spec = make_spec(demo_sources())  # adds `reference`
+    result = run_data_checks(spec, prepare_data(spec.data, demo_repo, progress=False), baseline=base,
+                             baseline_name="base")
+    assert result.success, result.markdown
+    assert not [o for o in result.outcomes if o.source == "reference" and o.check.endswith("_drift")]
+    assert {o.check for o in result.outcomes if o.source == "code"} >= {"token_drift", "length_drift"}
+    assert "no baseline profile for reference (new sources)" in result.markdown

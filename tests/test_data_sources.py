@@ -88,12 +88,15 @@ def test_huge_single_line_is_read_whole(tmp_path: Path) -> None:
 def test_unreadable_file(tmp_path: Path) -> None:
     import os
 
+    # An OSError while reading (here: the path is a directory) becomes a DataError naming it.
+    (tmp_path / "data/folder.jsonl").mkdir(parents=True)
+    with pytest.raises(DataError, match="'src': cannot read .*folder.jsonl"):
+        list(read_documents(_source("data/folder.jsonl"), tmp_path / "data/folder.jsonl"))
     path = write_jsonl(tmp_path / "data/locked.jsonl", ["text"])
     path.chmod(0)
     try:
-        if os.access(path, os.R_OK):
-            pytest.skip("running as a user that can read any file (root)")
-        with pytest.raises(DataError, match="cannot read"):
-            _read(tmp_path, "data/locked.jsonl")
+        if not os.access(path, os.R_OK):  # root reads anything: the permission case needs a normal user
+            with pytest.raises(DataError, match="cannot read .*permission denied"):
+                _read(tmp_path, "data/locked.jsonl")
     finally:
         path.chmod(0o644)

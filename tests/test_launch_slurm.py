@@ -23,6 +23,7 @@ from infra.launch_helpers import (
 )
 
 from pipelines.launchers import Phase, get_launcher, handle_for_run
+from pipelines.launchers.slurm import SlurmLauncher
 
 pytestmark = pytest.mark.integration
 
@@ -73,14 +74,18 @@ def test_cancel_is_graceful(tmp_path, slurm_cluster):
     assert "[retry] restart" not in _slurm_output(job.run_dir)  # a cancel is never retried
 
 
-def test_crash_is_retried_inside_the_job_and_resumes(tmp_path, slurm_cluster):
-    job, _ = make_job(tmp_path, nodes=2, procs=1, launcher="slurm")
-    job = replace(job, env={"PROBE_STEPS": "4", "PROBE_CRASH_AT_STEP": "3"})
-    launcher = get_launcher("slurm")
-    state = launcher.wait(launcher.submit(job))
-    assert state.ok, (state, _slurm_output(job.run_dir)[-3000:])
+def test_crashes_retry_in_the_job_then_requeue_the_job_and_resume(tmp_path, slurm_cluster):
+    # Rank 0 crashes in its first two attempts: the in-job loop restarts once (max_restarts=1),
+    # then the job fails and the launcher requeues it; the third attempt resumes and finishes.
+    job, _ = make_job(tmp_path, nodes=2, procs=1, launcher="slurm", max_restarts=1)
+    job = replace(job, env={"PROBE_STEPS": "4", "PROBE_CRASH_AT_STEP": "3", "PROBE_CRASH_TIMES": "2"})
+    launcher = SlurmLauncher(max_requeues=1, requeue_hold_s=3)
+    lines: list[str] = []
+    state = launcher.wait(launcher.submit(job), on_log=lines.append)
+    assert state.ok and "restarts=1" in state.detail, (state, _slurm_output(job.run_dir)[-3000:])
     out = _slurm_output(job.run_dir)
-    assert "[retry] restart 1/2 from the last valid checkpoint" in out
-    resumed = sorted(e["resumed_from"] or 0 for e in probe_events(job.run_dir) if e["event"] == "start")
-    assert resumed == [0, 0, 2, 2]  # both nodes started fresh, then both resumed from step 2
+    assert "[retry] restart 1/1 from the last valid checkpoint" in out
+    assert any("requeue 1" in line for line in lines) and "restart 1 nodes n[1-2]" in out
+    starts = [e["resumed_from"] for e in probe_events(job.run_dir) if e["event"] == "start" and e["rank"] == 1]
+    assert starts == [None, 2, 2]  # fresh, in-job restart, requeued job: both resumed from step 2
     assert result(job.run_dir)["status"] == "finished"

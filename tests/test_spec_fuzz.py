@@ -24,7 +24,7 @@ from validation.loader import load_spec
 REPO = Path(__file__).resolve().parents[1]
 BASE_TEXT = (REPO / "experiments" / "base.yaml").read_text(encoding="utf-8")
 BASE = yaml.safe_load(BASE_TEXT)
-FUZZ = settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.fixture(scope="module")

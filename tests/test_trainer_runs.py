@@ -220,20 +220,21 @@ def test_run_writes_contract_files_and_logs_each_point_once(reference: dict[str,
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(("kill_at", "resume_at"), [(6, 4), (11, 8)])
 def test_sigkill_between_checkpoints_then_resume_is_bitwise_identical(
-        tmp_path: Path, data_dir: Path, reference: dict[str, Any], mlflow_server: Any) -> None:
-    """Killed at step 6 (checkpoints at 4 and 8, written asynchronously); the resumed run
-    repeats steps 5-6 with the same losses, continues the same MLflow run, logs each point once."""
+        tmp_path: Path, data_dir: Path, reference: dict[str, Any], mlflow_server: Any, kill_at: int, resume_at: int) -> None:
+    """Killed between checkpoints (every 4 steps, written asynchronously); the resumed run
+    repeats the lost steps with the same losses, continues the same MLflow run, logs each point once."""
     code, run_dir = run_trainer(tmp_path, data_dir, "killed", uri=mlflow_server.uri, async_checkpoint=True,
-                                env={"TRAINER_FAULT_SIGKILL_AT_STEP": "6"})
+                                env={"TRAINER_FAULT_SIGKILL_AT_STEP": str(kill_at)})
     assert code == -signal.SIGKILL
     assert not (run_dir / "result.json").exists()
     run_id = json.loads((run_dir / "mlflow_run.json").read_text())["run_id"]
     code, _ = train_here(tmp_path, data_dir, "killed", uri=mlflow_server.uri, async_checkpoint=True)
     assert code == 0
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["resumed_from"].endswith("step_000004") and result["mlflow_run_id"] == run_id
-    assert [s for s, _ in step_losses(run_dir)] == [*range(1, 7), *range(5, 13)]
+    assert result["resumed_from"].endswith(f"step_{resume_at:06d}") and result["mlflow_run_id"] == run_id
+    assert [s for s, _ in step_losses(run_dir)] == [*range(1, kill_at + 1), *range(resume_at + 1, STEPS + 1)]
     assert_same_losses(run_dir, reference["losses"])
     assert mlflow_points(mlflow_server.uri, run_id, "train/loss") == sorted(reference["losses"].items())
     points = metrics_jsonl(run_dir)

@@ -187,3 +187,48 @@ def test_smoke_spec_shrinks_model_and_keeps_data() -> None:
     assert small.data.seq_len == 64 and small.data.sources == spec.data.sources
     assert small.total_steps(1) == 30 and small.resource.world_size == 1
     assert small.model.parameter_count() < 200_000
+
+
+@pytest.mark.unit
+def test_stall_watchdog_raises_when_no_step_completes() -> None:
+    import threading
+
+    from trainer.monitor import StallWatchdog
+
+    fired = threading.Event()
+    dog = StallWatchdog(0.05, lambda idle: fired.set())
+    try:
+        assert fired.wait(10.0)
+    finally:
+        dog.stop()
+
+
+@pytest.mark.unit
+def test_disk_full_during_checkpoint_keeps_previous_state_and_reports(tmp_path: Path) -> None:
+    """A file-size limit makes the write fail with EFBIG (as a full disk gives ENOSPC): the
+    save is reported, its temporary directory removed, and the previous checkpoint still resumes."""
+    import resource
+    import signal
+
+    import torch
+
+    events: list[tuple[str, str, str]] = []
+    saver = ckpt.Checkpointer(tmp_path, keep_last=2, async_save=False, validator=lambda d, s: None,
+                              on_event=lambda *e: events.append(e))
+
+    def snapshot(step: int, numel: int) -> ckpt.Snapshot:
+        return ckpt.Snapshot(step, {"w": torch.zeros(numel)}, {"state": {}}, {"scheduler": {}}, {"step": step})
+
+    saver.save(snapshot(1, 16))
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, old_limit[1]))
+    try:
+        saver.save(snapshot(2, 1_000_000))  # 4 MB of weights
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert [o.ok for o in saver.outcomes] == [True, False]
+    assert events and events[0][1] == "checkpoint_failed" and "File too large" in events[0][2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001"]
+    assert ckpt.find_resume_checkpoint(tmp_path) == tmp_path / "step_000001"

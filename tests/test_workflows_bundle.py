@@ -76,11 +76,14 @@ def test_symlinks_and_oversized_bodies_are_rejected(tmp_path: Path) -> None:
 @pytest.mark.unit
 def test_render_says_awaiting_train_only_when_every_stage_passed(tmp_path: Path) -> None:
     root = make_bundle(tmp_path / "b")
-    (root / "higher-lr" / "plan.txt").write_text("plan: higher-lr\n  tier small\n")
+    (root / "higher-lr" / "plan.txt").write_text("plan: higher-lr\n  tier small\n\nresolved spec:\n  name: x\n")
+    (root / "higher-lr" / "smoke.json").write_text('{"status": "passed", "losses": [5.0, 4.0, 3.5], "checks": {"resume": true}}')
     stages = dict.fromkeys(bundle_mod.STAGES_IN_ORDER, "success")
     (path,) = bundle_mod.render(root, stages)
     text = path.read_text()
-    assert "Awaiting `/train`" in text and "tier small" in text
+    assert "Awaiting `/train`" in text and "tier small" in text and "resolved spec" not in text
+    assert "loss 5.000 → 3.500 over 3 steps" in text
+    assert (root / "higher-lr" / "smoke-loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (path,) = bundle_mod.render(root, {**stages, "smoke": "failure"})
     text = path.read_text()
     assert "Awaiting" not in text and "smoke: failure" in text

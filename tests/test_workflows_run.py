@@ -113,6 +113,13 @@ def test_pr_checks_then_one_sticky_comment(flow: Flow) -> None:
     assert check.result == "success", explain(pr_results)
     # The untrusted PR title (shell syntax in the fixture) never reached a shell.
     assert not Path("/tmp/pwned").exists()
+    bundle = flow.runner.artifacts[(run_id, "experiment-bundle")]
+    assert (bundle / "pr-number").read_text().strip() == str(PR)
+    assert (bundle / "head-sha").read_text().strip() == flow.head_sha
+    assert (bundle / "experiments").read_text().split() == [EXPERIMENT]
+    files = {p.relative_to(bundle / EXPERIMENT).as_posix() for p in (bundle / EXPERIMENT).rglob("*") if p.is_file()}
+    assert {"comment.md", "plan.json", "plan.txt", "smoke.json", "stages.json", "smoke-loss.png"} <= files, files
+    assert any(f.startswith("data-check/") and f.endswith(".json") for f in files), files
 
     comment_results = flow.run_comment(run_id, flow.head_sha, check.result)
     assert comment_results["comment"].result == "success", explain(comment_results)
@@ -205,6 +212,7 @@ def test_train_from_a_reader_launches_nothing(flow: Flow) -> None:
     assert results["authorize"].result == "success", explain(results)
     assert results["authorize"].outputs.get("launch") == "false", explain(results)
     assert results["authorize"].outputs.get("action") == "refuse", explain(results)
+    assert "write access" in results["authorize"].outputs["reason"]
     assert results["train"].result == "skipped"
 
 

@@ -227,6 +227,7 @@ class Trainer:
         self._injected: set[str] = set()
         self.batcher = self._make_batcher()
         self.step_losses: list[tuple[int, float]] = []
+        self.step_done_at: list[float] = []  # perf_counter after each step (benchmarks: windowed tokens/s)
 
     # ------------------------------------------------------------------ setup helpers
 
@@ -704,6 +705,7 @@ class Trainer:
                 if (s + 1) % tr.log_interval == 0:
                     self.sink.flush()
                 self._faults_after_step()
+                self.step_done_at.append(time.perf_counter())
                 if stop_early:
                     stop_reason = "early_stopping"
                     self._on_event("P2", "early_stopping",

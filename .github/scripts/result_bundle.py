@@ -3,7 +3,8 @@
 Two halves, run on opposite sides of the trust boundary:
 
 * `render` runs in the untrusted PR job (the PR's copy of this file): it turns the
-  stage outcomes and the files the stages wrote into one `comment.md` per experiment.
+  stage outcomes and the files the stages wrote into one `comment.md` per experiment
+  (and `smoke-loss.png` from the smoke run's losses).
 * `verify` runs in the trusted comment job (the default branch's copy): it reads the
   downloaded bundle strictly as data. The PR number must be digits, the head SHA 40
   hex and equal to the workflow run's head SHA, every name an experiment name, every
@@ -11,7 +12,8 @@ Two halves, run on opposite sides of the trust boundary:
   PR's current head is that commit. Only then are `pr` and `experiments` written to
   $GITHUB_OUTPUT for `pipeline comment`.
 
-Standard library only: the trusted side must not depend on anything the PR ships.
+The verify side uses the standard library only: it must not depend on anything the
+PR ships (render imports matplotlib lazily for the PNG).
 """
 
 from __future__ import annotations
@@ -114,6 +116,38 @@ def verify(bundle: Path, run_head_sha: str, api_url: str, repository: str, token
 _ICON = {"success": "✅", "failure": "❌", "skipped": "⏭️", "cancelled": "⏹️"}
 
 
+def _smoke_line(folder: Path) -> str | None:
+    try:
+        smoke = json.loads((folder / "smoke.json").read_text(encoding="utf-8"))
+        losses = [float(x) for x in smoke.get("losses") or []]
+    except (OSError, ValueError, TypeError):
+        return None
+    checks = ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in (smoke.get("checks") or {}).items())
+    loss = f"loss {losses[0]:.3f} → {losses[-1]:.3f} over {len(losses)} steps" if losses else "no losses"
+    return f"Smoke run: {smoke.get('status', '?')}; {loss}; {checks}."
+
+
+def plot_smoke_losses(folder: Path) -> Path | None:
+    """`smoke-loss.png` from smoke.json (matplotlib is imported here only: the verify side
+    of this file must stay standard-library only)."""
+    try:
+        losses = [float(x) for x in json.loads((folder / "smoke.json").read_text(encoding="utf-8"))["losses"]]
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except (OSError, ValueError, KeyError, TypeError, ImportError):
+        return None
+    fig, ax = plt.subplots(figsize=(5, 3), dpi=100)
+    ax.plot(range(1, len(losses) + 1), losses)
+    ax.set(xlabel="step", ylabel="train/loss", title=f"smoke: {folder.name}")
+    fig.tight_layout()
+    out = folder / "smoke-loss.png"
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
 def render_comment(name: str, stages: dict[str, str], folder: Path) -> str:
     """Markdown for one experiment's sticky comment at the end of the PR checks."""
     passed = all(stages.get(stage) == "success" for stage in STAGES_IN_ORDER)
@@ -122,13 +156,17 @@ def render_comment(name: str, stages: dict[str, str], folder: Path) -> str:
         outcome = stages.get(stage) or "skipped"
         lines.append(f"- {_ICON.get(outcome, '•')} {stage}: {outcome}")
     lines.append("")
-    for title, path in (("Plan", folder / "plan.txt"),):
-        if path.is_file() and path.stat().st_size:
-            text = path.read_text(encoding="utf-8", errors="replace")[:20_000]
-            lines += [f"<details><summary>{title}</summary>", "", "```text", text.rstrip(), "```", "", "</details>", ""]
+    smoke = _smoke_line(folder)
+    if smoke:
+        lines += [smoke, ""]
     for md in sorted(folder.glob("*/*.md")):
         text = md.read_text(encoding="utf-8", errors="replace")[:15_000]
         lines += [f"<details><summary>{md.parent.name}</summary>", "", text.rstrip(), "", "</details>", ""]
+    plan = folder / "plan.txt"
+    if plan.is_file() and plan.stat().st_size:
+        # The plan's summary; the resolved spec it prints after is in plan.json.
+        text = plan.read_text(encoding="utf-8", errors="replace").split("\nresolved spec:", 1)[0][:20_000]
+        lines += ["<details><summary>Plan</summary>", "", "```text", text.rstrip(), "```", "", "</details>", ""]
     if passed:
         lines.append("**Awaiting `/train`** from a maintainer (write access).")
     else:
@@ -144,6 +182,7 @@ def render(bundle: Path, stages: dict[str, str]) -> list[Path]:
         folder = bundle / name
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "stages.json").write_text(json.dumps(stages, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        plot_smoke_losses(folder)
         out = folder / "comment.md"
         out.write_text(render_comment(name, stages, folder), encoding="utf-8")
         written.append(out)

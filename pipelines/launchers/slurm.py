@@ -175,8 +175,11 @@ class SlurmLauncher:
 
     name = "slurm"
 
-    def __init__(self, max_requeues: int = 1):
+    def __init__(self, max_requeues: int = 1, requeue_hold_s: int | None = None):
         self.max_requeues = max_requeues
+        # Slurm holds a requeued job ~2 minutes (BeginTime) so a sick node can drain; tests shorten it.
+        # Not to 0: a relaunch within the second of the requeue is refused ("Job credential revoked").
+        self.requeue_hold_s = requeue_hold_s
 
     def submit(self, job: LaunchJob) -> LaunchHandle:
         if shutil.which("sbatch") is None:
@@ -222,9 +225,13 @@ class SlurmLauncher:
         tail = LogTail([Path(p) for p in handle.extra.get("logs", [])])
         start = time.monotonic()
         requeues = 0
+        last_detail = ""
         while True:
             state = self.poll(handle)
             tail.pump(on_log)
+            if on_log and state.detail.split(" restarts=")[0] != last_detail:
+                last_detail = state.detail.split(" restarts=")[0]
+                on_log(f"[launcher] job {handle.job_id}: {state.detail}")
             if state.done:
                 decision = classify(state.exit_code, state.result_status, cancel_requested(handle.run_dir),
                                     state.phase)
@@ -233,6 +240,13 @@ class SlurmLauncher:
                     if on_log:
                         on_log(f"[launcher] job {handle.job_id} {decision.reason}; requeue {requeues}")
                     _run(["scontrol", "requeue", handle.job_id])
+                    if self.requeue_hold_s is not None:
+                        hold = max(3, self.requeue_hold_s)
+                        _run(["scontrol", "update", f"JobId={handle.job_id}", f"StartTime=now+{hold}"], check=False)
+                    # The controller can still report the old end state for a moment: wait it out.
+                    deadline = time.monotonic() + 60
+                    while self.poll(handle).done and time.monotonic() < deadline:
+                        time.sleep(POLL_SECONDS / 4)
                     continue
                 tail.pump(on_log, final=True)
                 return state

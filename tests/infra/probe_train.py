@@ -7,7 +7,7 @@ sum proves the processes really joined one process group) and writes `probe/rank
 with what it saw: world size, SLURM_NODEID, node rank, resume step.
 
 Knobs (env): PROBE_STEPS (default 3), PROBE_STEP_SECONDS (0.2), PROBE_CRASH_AT_STEP (crash
-rank 0 with exit 1 at that step, only in an attempt that started without a checkpoint),
+rank 0 with exit 1 at that step in its first PROBE_CRASH_TIMES attempts, default 1),
 PROBE_RESULT_STATUS (write this status instead of "finished", exit 5 unless "finished").
 """
 
@@ -72,11 +72,14 @@ def main() -> int:
     with (run_dir / "probe" / "events.jsonl").open("a") as fh:
         fh.write(json.dumps({"rank": rank, "event": "start", "resumed_from": resumed_from}) + "\n")
     print(f"probe rank {rank}/{world} allreduce={value.item()} resumed_from={resumed_from}", flush=True)
+    events = (run_dir / "probe" / "events.jsonl").read_text().splitlines()
+    attempt = sum(1 for e in map(json.loads, events) if e["rank"] == rank and e["event"] == "start")
+    crash_times = int(os.environ.get("PROBE_CRASH_TIMES", "1"))
 
     step = start - 1
     for step in range(start, total + 1):
         time.sleep(float(os.environ.get("PROBE_STEP_SECONDS", "0.2")))
-        if crash_at and step == crash_at and resumed_from is None and rank == 0:
+        if crash_at and step == crash_at and rank == 0 and attempt <= crash_times:
             print(f"probe rank {rank}: injected crash at step {step}", flush=True)
             os._exit(1)
         flag = torch.tensor([1.0 if stop["requested"] else 0.0])

@@ -101,6 +101,9 @@ class MixtureBatcher:
         self.rank = rank
         self.world_size = world_size
         self.global_rows = world_size * grad_accum_steps * micro_batch_size
+        # Epoch orders are seeded by the source's place in the prepared data, so a source's
+        # document order does not change when another source's weight goes to zero.
+        self._source_ids = [prepared.sources.index(s) for s in self.sources]
         cdf = np.cumsum([self.weights[s] for s in self.sources])
         cdf[-1] = 1.0
         self._edges = np.concatenate([[0.0], cdf]) * self.global_rows
@@ -156,7 +159,8 @@ class MixtureBatcher:
         key = (s, epoch)
         if key not in self._epochs:
             offsets = self.prepared.offsets(self.sources[s], "train")
-            order = np.random.default_rng([self.seed, s, epoch, 0x65706F]).permutation(offsets.size - 1)
+            rng = np.random.default_rng([self.seed, self._source_ids[s], epoch, 0x65706F])
+            order = rng.permutation(offsets.size - 1)
             ends = np.cumsum((offsets[1:] - offsets[:-1])[order])
             self._epochs[key] = (order, ends)
             while len(self._epochs) > 2 * len(self.sources) + 2:

@@ -348,9 +348,15 @@ def encode_documents(tokenizer: Any, texts: list[str], dtype: np.dtype) -> tuple
 
 def _build(data: DataSpec, inputs: VersionInputs, out: Path, progress: bool) -> None:
     started = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        timings[name] = round(time.perf_counter() - started - sum(timings.values()), 3)
+
     with _Bar(progress) as bar:
         bar.start("reading and cleaning", inputs.input_bytes)
         collected = _collect(data, inputs, bar)
+        lap("read_clean_dedup")
         (out / "tokenizer").mkdir()
         tokenizer_file = out / "tokenizer" / "tokenizer.json"
         with parallel_tokenizers():
@@ -366,6 +372,7 @@ def _build(data: DataSpec, inputs: VersionInputs, out: Path, progress: bool) -> 
                 bar.start(f"training BPE tokenizer (vocab {data.tokenizer.vocab_size})", None)
                 tokenizer = _train_tokenizer(_bpe_sample(collected), data.tokenizer.vocab_size)
                 tokenizer.save(str(tokenizer_file))
+            lap("tokenizer")
             vocab_size = tokenizer.get_vocab_size()
             dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
             vocab = [tokenizer.id_to_token(i) or "" for i in range(vocab_size)]
@@ -373,6 +380,7 @@ def _build(data: DataSpec, inputs: VersionInputs, out: Path, progress: bool) -> 
             stats = {}
             for docs in collected:
                 stats[docs.name] = _tokenize_source(docs, tokenizer, dtype, vocab, out, bar)
+            lap("tokenize_write_stats")
     prep = {
         "version": inputs.version,
         "sources": [s.name for s in data.sources],
@@ -382,7 +390,7 @@ def _build(data: DataSpec, inputs: VersionInputs, out: Path, progress: bool) -> 
             name: [str(p) for p in paths] for name, paths in inputs.files.items()
         },
         "version_payload": inputs.payload,
-        "prepare_seconds": round(time.perf_counter() - started, 3),
+        "prepare_seconds": timings,
     }
     (out / "prep.json").write_text(json.dumps(prep, indent=1, sort_keys=True) + "\n")
     (out / "stats.json").write_text(
