@@ -87,6 +87,16 @@ class RichReporter:
         return done
 
 
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM (a CI cancel, `kill`) unwinds like Ctrl-C, so launched jobs are cancelled cleanly."""
+    import signal
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def _repo(path: Path | None = None) -> Path:
     from pipelines.orchestrate import repo_root_of
 
@@ -116,10 +126,15 @@ def run(
                          run_baseline=not no_baseline, tracking_uri=tracking_uri)
     reporter = RichReporter()
     flow = ExperimentFlow(_repo(file), options, reporter)
+    _sigterm_as_interrupt()
     try:
         candidate, baseline = flow.run(file)
     except PipelineError as exc:
         raise _fail(exc) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted: running trainings were asked to checkpoint and stop; "
+                   "`pipeline run` again resumes them", err=True)
+        raise typer.Exit(130) from None
     reporter.console.rule("summary")
     for line in summary_lines(candidate, baseline, flow.tracking_uri):
         typer.echo(line)
@@ -141,10 +156,15 @@ def train(
     options = RunOptions(launcher=launcher, detach=detach, pr=pr, sha=sha, smoke=False, tracking_uri=tracking_uri)
     reporter = RichReporter()
     flow = ExperimentFlow(_repo(file), options, reporter)
+    _sigterm_as_interrupt()
     try:
         candidate, baseline = flow.run(file)
     except PipelineError as exc:
         raise _fail(exc) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted: running trainings were asked to checkpoint and stop; "
+                   "`pipeline run` again resumes them", err=True)
+        raise typer.Exit(130) from None
     for line in summary_lines(candidate, baseline, flow.tracking_uri):
         typer.echo(line)
 

@@ -275,6 +275,11 @@ class ExperimentFlow:
         done = self.reporter.training(f"{spec.name} seed {seed}", seed_dir, total)
         try:
             outcome = run_with_retries(get_launcher(launcher), job)
+        except BaseException:
+            # Interrupted (Ctrl-C, SIGTERM, an error): stop the job gracefully (it checkpoints
+            # on SIGTERM) instead of leaving orphaned training processes behind.
+            self._cancel_quietly(seed_dir)
+            raise
         finally:
             done()
         state = outcome.state
@@ -284,6 +289,18 @@ class ExperimentFlow:
             reason = (result or {}).get("reason") or (result or {}).get("message") or getattr(state, "message", "")
             raise TrainingError(f"training {spec.name} seed {seed} ended '{status}': {reason} (logs: {seed_dir / 'logs'})")
         return seed_dir, False
+
+    @staticmethod
+    def _cancel_quietly(seed_dir: Path) -> None:
+        from pipelines.launchers import get_launcher, handle_for_run
+
+        if not (seed_dir / "launch.json").exists() or (seed_dir / "result.json").exists():
+            return
+        try:
+            handle = handle_for_run(seed_dir)
+            get_launcher(handle.launcher).cancel(handle)
+        except Exception:  # best effort while already failing; the original error is re-raised
+            pass
 
     def _evaluate(self, spec: ExperimentSpec, seed_dirs: list[Path], run_dir: Path) -> StageOutcome:
         metric = spec.hypothesis.metric

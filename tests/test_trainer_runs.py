@@ -366,3 +366,37 @@ def test_two_gloo_ranks_match_one_rank_and_resume_exactly(
         checksums.append(lines[-1].split("param_checksum=")[1].split()[0])
     assert checksums[0] == checksums[1]
     assert json.loads((run_dir / "result.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.integration
+def test_mlflow_server_down_then_back_mid_run_records_every_point_once(tmp_path: Path) -> None:
+    """The sink against a real server that is absent for the first half and started on the
+    same port for the second: spooled points are replayed first, then the new ones; a
+    replay that repeats already-acknowledged points records nothing twice."""
+    from infra.mlflow_server import MlflowServer
+
+    from trainer.tracking import SPOOL, MlflowSink
+
+    port = _free_port()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    sink = MlflowSink(f"http://127.0.0.1:{port}", "sink-restart", run_dir)
+    assert sink.run_id is None
+    for step in range(1, 6):
+        sink.log_metrics(step, {"train/loss": 1.0 / step, "train/lr": 0.1})
+    sink.flush()
+    assert (run_dir / SPOOL).is_file()
+    with MlflowServer(tmp_path / "server", port) as server:
+        for step in range(6, 11):
+            sink.log_metrics(step, {"train/loss": 1.0 / step, "train/lr": 0.1})
+        sink.flush(force=True)  # the server is back: spool first, then the new points
+        assert not (run_dir / SPOOL).exists() and sink.run_id
+        # A resumed process repeats steps 8-10 (as after a kill): nothing is recorded twice.
+        again = MlflowSink(server.uri, "sink-restart", run_dir)
+        assert again.run_id == sink.run_id
+        for step in range(8, 13):
+            again.log_metrics(step, {"train/loss": 1.0 / step})
+        again.close("finished")
+        losses = mlflow_points(server.uri, sink.run_id, "train/loss")
+        assert [s for s, _ in losses] == list(range(1, 13))
+        assert len(mlflow_points(server.uri, sink.run_id, "train/lr")) == 10

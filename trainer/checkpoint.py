@@ -344,7 +344,8 @@ class Checkpointer:
             _fsync_dir(self.root)
             deleted = apply_retention(self.root, self.keep_last, self.protect)
             self.outcomes.append(SaveOutcome(snap.step, final, True, "", time.perf_counter() - start, deleted))
-        except OSError as exc:  # disk full, quota, permissions: the previous state stays intact
+        except Exception as exc:  # noqa: BLE001 - disk full, quota, permissions (safetensors wraps
+            # OSError in its own SafetensorError): reported, the previous state stays intact
             shutil.rmtree(tmp, ignore_errors=True)
             self.on_event("P1", "checkpoint_failed", f"checkpoint at step {snap.step} not written: {exc}")
             self.outcomes.append(SaveOutcome(snap.step, None, False, str(exc), time.perf_counter() - start))

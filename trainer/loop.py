@@ -796,6 +796,7 @@ class Trainer:
             "status": status,
             "stop_reason": stop_reason,
             "error": error,
+            "reason": error or stop_reason,
             "mlflow_run_id": self.sink.run_id,
             "experiment": self.spec.name,
             "steps": st.step,

@@ -27,7 +27,7 @@ RUN_FILE = "mlflow_run.json"
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
 MAX_TAGS_PER_BATCH = 100
-OFFLINE_RETRY_S = 30.0
+OFFLINE_RETRY_S = 60.0  # while unreachable, one connection attempt per minute (at most one timeout)
 
 
 class MetricSink(Protocol):
@@ -172,7 +172,7 @@ def default_tracking_uri(repo_root: Path) -> str:
 def _quiet_http() -> None:
     # A dead server must cost milliseconds per flush, not MLflow's default minutes of retries.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 

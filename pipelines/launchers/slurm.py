@@ -241,8 +241,9 @@ class SlurmLauncher:
                         on_log(f"[launcher] job {handle.job_id} {decision.reason}; requeue {requeues}")
                     _run(["scontrol", "requeue", handle.job_id])
                     if self.requeue_hold_s is not None:
-                        hold = max(3, self.requeue_hold_s)
-                        _run(["scontrol", "update", f"JobId={handle.job_id}", f"StartTime=now+{hold}"], check=False)
+                        # After the hold the update itself triggers a scheduling pass (none is due soon).
+                        time.sleep(max(2, self.requeue_hold_s))
+                        _run(["scontrol", "update", f"JobId={handle.job_id}", "StartTime=now"], check=False)
                     # The controller can still report the old end state for a moment: wait it out.
                     deadline = time.monotonic() + 60
                     while self.poll(handle).done and time.monotonic() < deadline:

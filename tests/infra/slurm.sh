@@ -83,7 +83,8 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
-SchedulerParameters=batch_sched_delay=0
+# bf_interval=1: a held job (e.g. a requeue with a short StartTime) starts within a second, not 30.
+SchedulerParameters=batch_sched_delay=0,bf_interval=1
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
@@ -110,8 +111,8 @@ start() {
     local t0=$SECONDS
     install_packages
     start_munge
-    [ -s "$CONF" ] || write_conf
     if ! pid_alive "$STATE/slurmctld.pid"; then
+        write_conf  # fresh each time the controller starts: picks up this script's current settings
         log "starting slurmctld"
         # -i: ignore stale state from a previous run of this script.
         slurmctld -f "$CONF" -i

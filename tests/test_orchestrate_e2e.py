@@ -1,0 +1,140 @@
+"""`pipeline run` end to end on CPU: baseline first, candidate, report, sticky comment;
+a second run reuses everything; another candidate reuses the baseline's training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines.orchestrate import ExperimentFlow, Reporter, RunOptions
+from pipelines.rundir import read_json
+
+pytestmark = pytest.mark.e2e
+
+BASE = """\
+name: tiny-base
+owner: ml-platform
+hypothesis:
+  statement: The tiny reference configuration trains to a finite held-out loss on the demo mixture.
+  metric: eval/loss
+  direction: decrease
+  min_effect: 0.01
+  baseline: champion
+model: {model_type: llama, hidden_size: 32, num_layers: 2, num_heads: 2, vocab_size: 512,
+        max_position_embeddings: 64}
+data:
+  sources:
+    - {name: code, path: data/demo/code.jsonl, weight: 0.5}
+    - {name: docs, path: data/demo/docs.jsonl, weight: 0.5}
+  seq_len: 32
+  tokenizer: {kind: bpe, vocab_size: 512}
+  checks: {min_documents: 20, min_tokens: 2000}
+train: {lr: 0.003, warmup_steps: 2, max_steps: 8, micro_batch_size: 4, log_interval: 2,
+        eval_interval: 4, eval_batches: 2, checkpoint_interval: 4, keep_last: 1}
+resource: {cpu_processes: 1, time_limit_minutes: 10}
+"""
+
+CANDIDATE = """\
+name: {name}
+owner: ml-platform
+extends: tiny-base.yaml
+hypothesis:
+  statement: A higher peak learning rate lowers the held-out loss of the tiny model within the same budget.
+  metric: eval/loss
+  direction: decrease
+  min_effect: 0.01
+  baseline: tiny-base
+train: {{lr: {lr}}}
+"""
+
+
+class Recorder(Reporter):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    def stage(self, experiment: str, stage: str, event: str, detail: str = "") -> None:
+        self.events.append((experiment, stage, event))
+
+    def training(self, label: str, run_dir: Path, total_steps: int):
+        self.events.append((label, "training", str(total_steps)))
+        return lambda: None
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trainer.data import build_demo_corpus
+
+    root = tmp_path_factory.mktemp("repo")
+    (root / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+    (root / "experiments").mkdir()
+    (root / "experiments" / "tiny-base.yaml").write_text(BASE)
+    (root / "experiments" / "tiny-lr.yaml").write_text(CANDIDATE.format(name="tiny-lr", lr=0.006))
+    (root / "experiments" / "tiny-lr2.yaml").write_text(CANDIDATE.format(name="tiny-lr2", lr=0.009))
+    build_demo_corpus(root / "data" / "demo", max_bytes=150_000)
+    return root
+
+
+def test_run_trains_baseline_then_candidate_and_reports(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(repo / "runs"))
+    uri = f"sqlite:///{repo / 'mlflow.db'}"
+    rec = Recorder()
+    flow = ExperimentFlow(repo, RunOptions(tracking_uri=uri, pr=42), rec)
+    candidate, baseline = flow.run(repo / "experiments" / "tiny-lr.yaml")
+
+    assert baseline is not None and baseline.spec.name == "tiny-base"
+    # The baseline's stages all ran before the candidate's.
+    order = [(e, s) for e, s, ev in rec.events if ev == "finished"]
+    assert order.index(("tiny-base", "evaluate")) < order.index(("tiny-lr", "check"))
+    for result in (candidate, baseline):
+        assert result.run_dir.is_absolute() and result.run_dir.parent.name == result.spec.name
+        for stage in ("validate", "prepare", "check", "smoke", "train", "evaluate"):
+            marker = read_json(result.run_dir / "stages" / f"{stage}.json")
+            assert marker and marker["status"] == "ok", (result.spec.name, stage, marker)
+        (seed_dir,) = result.seed_dirs
+        finished = read_json(seed_dir / "result.json")
+        assert finished["status"] == "finished" and finished["steps"] == 8
+        ident = read_json(seed_dir / "identity.json")
+        assert ident["experiment"] == result.spec.name and ident["pr"] == 42 and ident["seed"] == 1234
+    # Paired on the same seed, same data version (weights do not change the prepared data).
+    assert baseline.data_version == candidate.data_version
+
+    assert candidate.verdict in {"supported", "refuted", "inconclusive"}
+    report = (candidate.report_dir / "report.md").read_text()
+    assert "tiny-lr" in report and "tiny-base" in report
+    comment = (candidate.report_dir / "comment.md").read_text()
+    assert comment.startswith("<!-- gitops-train:experiment=tiny-lr -->")
+
+    # Both runs are in MLflow with their identity tags.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    for result in (candidate, baseline):
+        exp = client.get_experiment_by_name(result.spec.name)
+        runs = client.search_runs([exp.experiment_id])
+        assert len(runs) == 1
+        tags = runs[0].data.tags
+        assert tags["pipeline.identity"] == read_json(result.seed_dirs[0] / "identity.json")["identity"]
+        assert "eval/loss" in runs[0].data.metrics
+
+
+def test_second_run_is_all_cached_and_other_candidate_reuses_baseline(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(repo / "runs"))
+    uri = f"sqlite:///{repo / 'mlflow.db'}"
+    rec = Recorder()
+    flow = ExperimentFlow(repo, RunOptions(tracking_uri=uri, smoke=False), rec)
+    candidate, baseline = flow.run(repo / "experiments" / "tiny-lr.yaml")
+    skipped = {(e, s) for e, s, ev in rec.events if ev == "skipped"}
+    assert {("tiny-base", "train"), ("tiny-lr", "train"), ("tiny-base", "check"), ("tiny-lr", "evaluate")} <= skipped
+    assert not [e for e in rec.events if e[1] == "training"], "nothing may be trained again"
+    assert candidate.report_dir and (candidate.report_dir / "report.md").exists()
+
+    # Another PR's candidate against the same baseline: the baseline is not trained again.
+    rec2 = Recorder()
+    other, base2 = ExperimentFlow(repo, RunOptions(tracking_uri=uri, smoke=False), rec2).run(
+        repo / "experiments" / "tiny-lr2.yaml")
+    trained = [label for label, kind, _ in rec2.events if kind == "training"]
+    assert trained == ["tiny-lr2 seed 1234"]
+    assert base2 is not None and base2.seed_dirs == baseline.seed_dirs
+    assert json.loads((other.report_dir / "result.json").read_text())

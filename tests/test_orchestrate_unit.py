@@ -1,0 +1,146 @@
+"""Stages, identity and run directories: the pieces `pipeline run` is built from."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipelines.identity import RunIdentity, code_version, experiment_key
+from pipelines.rundir import atomic_write_json, finished_training_runs, new_run_dir, resolve_run
+from pipelines.stages import ArtifactError, StageOutcome, StageRunner, check_artifact
+
+pytestmark = pytest.mark.unit
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+
+@pytest.fixture()
+def git_repo(tmp_path: Path) -> Path:
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "loop.py").write_text("STEP = 1\n")
+    (tmp_path / "validation").mkdir()
+    (tmp_path / "validation" / "spec.py").write_text("X = 1\n")
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "a.yaml").write_text("name: a\n")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "-c", "user.email=a@b", "-c", "user.name=a", "add", "-A")
+    _git(tmp_path, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "init")
+    return tmp_path
+
+
+def test_code_version_ignores_experiment_files_but_not_trainer_code(git_repo: Path) -> None:
+    clean = code_version(git_repo)
+    assert not clean.dirty and len(clean.git_sha) == 40
+
+    # A PR that only adds an experiment moves the commit but not the code version:
+    # the baseline trained before stays reusable.
+    (git_repo / "experiments" / "b.yaml").write_text("name: b\n")
+    _git(git_repo, "-c", "user.email=a@b", "-c", "user.name=a", "add", "-A")
+    _git(git_repo, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "exp")
+    moved = code_version(git_repo)
+    assert moved.git_sha != clean.git_sha
+    assert moved.tree == clean.tree and moved.trainer == clean.trainer
+
+    # Uncommitted trainer change: dirty, a different identity, stable for the same content.
+    (git_repo / "trainer" / "loop.py").write_text("STEP = 2\n")
+    dirty = code_version(git_repo)
+    assert dirty.dirty and dirty.tree != clean.tree and dirty.trainer != clean.trainer
+    assert code_version(git_repo).tree == dirty.tree
+
+
+def test_code_version_without_git_hashes_content(tmp_path: Path) -> None:
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "x.py").write_text("a = 1\n")
+    first = code_version(tmp_path)
+    assert first.git_sha == "nogit" and first.dirty
+    (tmp_path / "trainer" / "x.py").write_text("a = 2\n")
+    assert code_version(tmp_path).tree != first.tree
+
+
+def test_run_identity_depends_on_what_is_trained_only(git_repo: Path) -> None:
+    code = code_version(git_repo)
+    a = RunIdentity("exp-a", 1, code, "spec1", "data1")
+    assert RunIdentity("exp-b", 1, code, "spec1", "data1").key == a.key  # same work, other name
+    assert RunIdentity("exp-a", 2, code, "spec1", "data1").key != a.key
+    assert RunIdentity("exp-a", 1, code, "spec2", "data1").key != a.key
+    assert RunIdentity("exp-a", 1, code, "spec1", "data2").key != a.key
+    d = a.to_dict(pr=7)
+    assert d["identity"] == a.key and d["pr"] == 7 and d["git_sha"] == code.git_sha
+    assert experiment_key(code, "s", "d", [1, 2]) != experiment_key(code, "s", "d", [1])
+
+
+def test_stage_runs_once_then_is_skipped_for_the_same_identity(tmp_path: Path) -> None:
+    calls = []
+
+    def work() -> StageOutcome:
+        calls.append(1)
+        out = tmp_path / "out.json"
+        out.write_text(json.dumps({"ok": True}))
+        return StageOutcome(outputs={"n": len(calls)}, artifacts=[(out, "json")])
+
+    events: list[tuple[str, str]] = []
+    runner = StageRunner(tmp_path, "id-1", on_event=lambda s, e, r: events.append((s, e)))
+    first = runner.run("check", work)
+    second = runner.run("check", work)
+    assert calls == [1] and first.outputs["n"] == 1 and second.outputs["n"] == 1
+    assert events == [("check", "started"), ("check", "finished"), ("check", "skipped")]
+
+    # Another identity (new code, spec or data) runs it again.
+    StageRunner(tmp_path, "id-2").run("check", work)
+    assert calls == [1, 1]
+
+    # A marker whose artifact was damaged later no longer counts.
+    (tmp_path / "out.json").write_text("{broken")
+    StageRunner(tmp_path, "id-2").run("check", work)
+    assert len(calls) == 3
+
+
+def test_stage_with_broken_artifact_fails_loudly_and_records_failure(tmp_path: Path) -> None:
+    def bad() -> StageOutcome:
+        empty = tmp_path / "report.md"
+        empty.write_text("")
+        return StageOutcome(artifacts=[(empty, "file")])
+
+    runner = StageRunner(tmp_path, "id")
+    with pytest.raises(ArtifactError, match="report.md is 0 bytes"):
+        runner.run("report", bad)
+    marker = json.loads((tmp_path / "stages" / "report.json").read_text())
+    assert marker["status"] == "failed" and "0 bytes" in marker["message"]
+    assert runner.done("report") is None
+
+
+@pytest.mark.parametrize(
+    ("content", "kind", "message"),
+    [(None, "json", "missing"), ("", "file", "0 bytes"), ("{", "json", "not valid JSON"),
+     ('{"a": 1}\nnope\n', "jsonl", ":2 is not valid JSON Lines")],
+)
+def test_check_artifact_rejects(tmp_path: Path, content: str | None, kind: str, message: str) -> None:
+    path = tmp_path / "a"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ArtifactError, match=message):
+        check_artifact(path, kind=kind)
+
+
+def test_run_dirs_are_reused_and_resolvable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    run = new_run_dir(tmp_path, "exp", "abc123")
+    assert run.is_absolute() and run.parent.name == "exp"
+    assert new_run_dir(tmp_path, "exp", "abc123") == run  # resume, not a second directory
+    assert resolve_run(tmp_path, "exp/abc123") == run
+    assert resolve_run(tmp_path, "abc123") == run
+    assert resolve_run(tmp_path, "nope") is None
+
+    seed = run / "train" / "seed-1"
+    atomic_write_json(seed / "identity.json", {"identity": "k1"})
+    assert finished_training_runs(tmp_path) == {}  # no result.json: not finished
+    atomic_write_json(seed / "result.json", {"status": "failed"})
+    assert finished_training_runs(tmp_path) == {}
+    atomic_write_json(seed / "result.json", {"status": "finished"})
+    assert finished_training_runs(tmp_path) == {"k1": seed}
