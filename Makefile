@@ -17,11 +17,11 @@ setup: $(STAMP)
 
 # torch first (the CPU wheel that satisfies the range), then the project; the stamp
 # makes a second `make setup` a no-op unless pyproject.toml changed.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints/constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -c constraints/constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 demo: setup

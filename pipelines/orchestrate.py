@@ -135,8 +135,56 @@ class ExperimentFlow:
             base_spec = load_spec(base_file)
             # Paired comparison: the baseline runs on the candidate's seeds.
             baseline = self.run_one(base_spec, base_file, seeds=seeds_of(spec), role="baseline")
-        candidate = self.run_one(spec, spec_path, seeds=seeds_of(spec), role="candidate", baseline=baseline)
+        if spec.sweep is not None:
+            candidate = self.run_sweep(spec, spec_path, baseline)
+        else:
+            candidate = self.run_one(spec, spec_path, seeds=seeds_of(spec), role="candidate", baseline=baseline)
         return candidate, baseline
+
+    def run_sweep(self, spec: ExperimentSpec, spec_path: Path, baseline: ExperimentResult | None) -> ExperimentResult:
+        """Every trial as a normal run (own identity, own run dir); the winner is the candidate."""
+        from pipelines.sweep import (
+            TrialOutcome,
+            expand_trials,
+            render_trials_markdown,
+            select_winner,
+            selection,
+        )
+
+        metric, mode = selection(spec)
+        outcomes: list[TrialOutcome] = []
+        results: dict[int, ExperimentResult] = {}
+        for trial in expand_trials(spec):
+            try:
+                res = self.run_one(trial.spec, spec_path, seeds=seeds_of(spec), role="trial", baseline=baseline)
+            except TrainingError as exc:  # a failed trial is reported, not hidden
+                outcomes.append(TrialOutcome(trial, "failed", None, str(exc).splitlines()[0][:200]))
+                continue
+            values, status, detail = [], "finished", ""
+            for d in res.seed_dirs:
+                result = read_json(d / "result.json") or {}
+                if result.get("status") != "finished":
+                    status, detail = str(result.get("status")), str(result.get("stop_reason") or "")
+                value = (result.get("final_metrics") or {}).get(metric)
+                if value is not None:
+                    values.append(float(value))
+            mean = sum(values) / len(values) if values and status == "finished" else None
+            outcomes.append(TrialOutcome(trial, status, mean, detail))
+            results[trial.index] = res
+        winner = select_winner(outcomes, mode)
+        table = render_trials_markdown(outcomes, winner, metric, mode)
+        if winner is None:
+            raise TrainingError(f"sweep of {spec.name}: no trial finished\n{table}")
+        chosen = results[winner.trial.index]
+        chosen.extra["sweep_markdown"] = table
+        chosen.extra["sweep_winner"] = winner.trial.name
+        # The winner is the candidate: report it against the baseline, with the whole trial table.
+        stages = StageRunner(chosen.run_dir, f"sweep:{winner.trial.name}")
+        rep_stage = stages.run("report", lambda: self._report(chosen, baseline), force=True)
+        chosen.report_dir = Path(rep_stage.outputs["report_dir"])
+        chosen.verdict = rep_stage.outputs.get("verdict")
+        chosen.verdict_reason = rep_stage.outputs.get("verdict_reason", "")
+        return chosen
 
     def run_one(
         self,
@@ -286,7 +334,7 @@ class ExperimentFlow:
         result = read_json(seed_dir / "result.json")
         if not result or result.get("status") != "finished":
             status = result.get("status") if result else "no result.json"
-            reason = (result or {}).get("reason") or (result or {}).get("message") or getattr(state, "message", "")
+            reason = (result or {}).get("reason") or (result or {}).get("message") or getattr(state, "detail", "")
             raise TrainingError(f"training {spec.name} seed {seed} ended '{status}': {reason} (logs: {seed_dir / 'logs'})")
         return seed_dir, False
 
@@ -328,6 +376,9 @@ class ExperimentFlow:
             out_dir=out_dir,
             mlflow_url=os.environ.get("PIPELINE_MLFLOW_PUBLIC_URL"),
         )
+        if candidate.extra.get("sweep_markdown"):
+            md = out_dir / "report.md"
+            atomic_write_text(md, md.read_text(encoding="utf-8").rstrip("\n") + "\n\n" + candidate.extra["sweep_markdown"])
         comment = self._publish(candidate, out_dir)
         verdict = getattr(report, "verdict", None)
         outputs = {

@@ -184,3 +184,34 @@ def test_log_tail_sends_only_complete_new_lines(tmp_path):
     tail.pump(seen.append)
     tail.pump(seen.append, final=True)
     assert seen == ["one", "two", "three"]
+
+
+@pytest.mark.unit
+def test_run_with_retries_submits_a_self_retrying_launcher_once(tmp_path):
+    from pipelines.launchers import JobState, run_with_retries
+
+    class CrashingSelfRetrying:
+        """A launcher whose jobs retry inside (like Slurm) and always end crashed."""
+
+        name = "fake"
+        retries_inside = True
+
+        def __init__(self) -> None:
+            self.submits = 0
+
+        def submit(self, job):
+            self.submits += 1
+            return LaunchHandle(launcher="fake", job_id=str(self.submits), run_dir=job.run_dir)
+
+        def poll(self, handle):
+            return JobState(Phase.FAILED, 1)
+
+        def wait(self, handle, timeout=None, on_log=None):
+            return self.poll(handle)
+
+        def cancel(self, handle):
+            return self.poll(handle)
+
+    launcher = CrashingSelfRetrying()
+    outcome = run_with_retries(launcher, _job(tmp_path, max_restarts=3))
+    assert launcher.submits == 1 and outcome.attempts == 1 and outcome.decisions[0].verdict is Verdict.RETRY

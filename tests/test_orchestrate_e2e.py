@@ -138,3 +138,33 @@ def test_second_run_is_all_cached_and_other_candidate_reuses_baseline(repo: Path
     assert trained == ["tiny-lr2 seed 1234"]
     assert base2 is not None and base2.seed_dirs == baseline.seed_dirs
     assert json.loads((other.report_dir / "result.json").read_text())
+
+
+SWEEP = """\
+name: tiny-sweep
+owner: ml-platform
+extends: tiny-base.yaml
+hypothesis:
+  statement: The better of two learning rates lowers the held-out loss of the tiny model versus the base.
+  metric: eval/loss
+  direction: decrease
+  min_effect: 0.01
+  baseline: tiny-base
+sweep:
+  parameters: {train.lr: [0.002, 0.004]}
+  max_trials: 2
+"""
+
+
+def test_sweep_runs_every_trial_and_reports_the_winner(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(repo / "runs"))
+    (repo / "experiments" / "tiny-sweep.yaml").write_text(SWEEP)
+    rec = Recorder()
+    flow = ExperimentFlow(repo, RunOptions(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}", smoke=False), rec)
+    candidate, baseline = flow.run(repo / "experiments" / "tiny-sweep.yaml")
+    trained = [label for label, kind, _ in rec.events if kind == "training"]
+    assert trained == ["tiny-sweep-t1 seed 1234", "tiny-sweep-t2 seed 1234"]  # baseline reused
+    assert candidate.spec.name in {"tiny-sweep-t1", "tiny-sweep-t2"}
+    report = (candidate.report_dir / "report.md").read_text()
+    assert "<b>Sweep</b>: 2 trials" in report and f"{candidate.spec.name} **winner**" in report
+    assert "tiny-sweep-t1" in report and "tiny-sweep-t2" in report

@@ -78,9 +78,11 @@ def _spec_dict(**train: Any) -> dict[str, Any]:
     return spec
 
 
-def _write_spec(run_dir: Path, ranks: int, alerts: dict[str, Any] | None, train: dict[str, Any]) -> Path:
+def _write_spec(run_dir: Path, ranks: int, alerts: dict[str, Any] | None, train: dict[str, Any],
+                model: dict[str, Any] | None = None) -> Path:
     spec = _spec_dict(**train)
     spec["resource"] = {"cpu_processes": ranks}
+    spec["model"] |= model or {}
     if alerts:
         spec["alerts"] = alerts
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -125,13 +127,14 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
 
 
 def train_here(tmp: Path, data_dir: Path, name: str, *, uri: str = "none", env: dict[str, str] | None = None,
-               run_dir: Path | None = None, alerts: dict[str, Any] | None = None, **train: Any) -> tuple[int, Path]:
+               run_dir: Path | None = None, alerts: dict[str, Any] | None = None, model: dict[str, Any] | None = None,
+               **train: Any) -> tuple[int, Path]:
     """The same trainer in this process (one rank): no 10 s of imports per run on a shared CPU.
     SIGTERM works here too: the trainer's handler runs in the main thread."""
     from trainer.entry import main
 
     run_dir = run_dir or tmp / name
-    spec_path = _write_spec(run_dir, 1, alerts, train)
+    spec_path = _write_spec(run_dir, 1, alerts, train, model)
     with _environ(env or {}):
         code = main(["--spec", str(spec_path), "--run-dir", str(run_dir), "--data-dir", str(data_dir),
                      "--tracking-uri", uri])
@@ -400,3 +403,14 @@ def test_mlflow_server_down_then_back_mid_run_records_every_point_once(tmp_path:
         losses = mlflow_points(server.uri, sink.run_id, "train/loss")
         assert [s for s, _ in losses] == list(range(1, 13))
         assert len(mlflow_points(server.uri, sink.run_id, "train/lr")) == 10
+
+
+@pytest.mark.integration
+def test_init_from_an_exported_model_starts_from_its_weights(
+        tmp_path: Path, data_dir: Path, reference: dict[str, Any]) -> None:
+    exported = reference["run_dir"] / "model"
+    code, run_dir = train_here(tmp_path, data_dir, "warm", model={"init_from": str(exported)}, max_steps=2,
+                               eval_interval=100, checkpoint_interval=100)
+    assert code == 0
+    first = dict(step_losses(run_dir))[1]
+    assert first < reference["losses"][1] - 0.3  # trained weights, not a random init (ln 384 = 5.95)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "github" / "workflows"
 REPO_NAME = "acme/lab"
 PR = 7
 EXPERIMENT = "higher-lr"
-MARKER = f"<!-- gitops-train:experiment={EXPERIMENT} -->"
+# A very small baseline and candidate the /train test adds in its PR (trains in seconds).
+TINY = FIXTURES / "experiments"
 
 
 def fixture(name: str, repo: str = REPO_NAME) -> dict:
@@ -39,14 +39,23 @@ def explain(results: dict[str, JobResult]) -> str:
 class Flow:
     """A repository, a PR branch that changes one experiment, the emulator and a runner."""
 
-    def __init__(self, tmp: Path, gh: GitHubEmulator):
+    def __init__(self, tmp: Path, gh: GitHubEmulator, tiny: bool = False):
+        """`tiny`: the PR adds a very small baseline and candidate (TINY), so that /train
+        trains both in seconds; otherwise it edits the example experiment higher-lr."""
         self.gh = gh
         self.repo = EmulatedRepository.from_working_tree(tmp / "origin", REPO_NAME)
         self.base_sha = self.repo.head()
         self.repo.git("checkout", "-q", "-b", "exp/higher-lr")
-        spec = self.repo.path / "experiments" / f"{EXPERIMENT}.yaml"
-        spec.write_text(spec.read_text(encoding="utf-8").replace(
-            "description: ", "description: (PR under test) ", 1), encoding="utf-8")
+        if tiny:
+            self.experiment, files = "wf-candidate", sorted(TINY.glob("*.yaml"))
+            for source in files:
+                (self.repo.path / "experiments" / source.name).write_bytes(source.read_bytes())
+            changed = [f"experiments/{f.name}" for f in files]
+        else:
+            self.experiment, changed = EXPERIMENT, [f"experiments/{EXPERIMENT}.yaml"]
+            spec = self.repo.path / "experiments" / f"{EXPERIMENT}.yaml"
+            spec.write_text(spec.read_text(encoding="utf-8").replace(
+                "description: ", "description: (PR under test) ", 1), encoding="utf-8")
         self.repo.git("add", "-A")
         self.head_sha = self.repo.commit("Propose higher-lr")
         self.repo.git("checkout", "-q", self.repo.default_branch)
@@ -57,7 +66,7 @@ class Flow:
         gh.set_permission(REPO_NAME, "carol", "write")
         gh.set_permission(REPO_NAME, "rex", "write")
         gh.add_pull(REPO_NAME, number=PR, author="carol", head_sha=self.head_sha, base_sha=self.base_sha,
-                    head_ref="exp/higher-lr", files=[f"experiments/{EXPERIMENT}.yaml"])
+                    head_ref="exp/higher-lr", files=changed)
         env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}", "PIPELINE_RUNS_ROOT": str(tmp / "runs"),
                "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
         self.runner = WorkflowRunner(self.repo, tmp / "jobs", gh.base_url, gh.token, extra_env=env,
@@ -92,15 +101,20 @@ class Flow:
                                         self.workflow_run_payload(run_id, head_sha, conclusion), sha=self.main_sha)
 
     def sticky(self) -> list[dict]:
-        return [c for c in self.gh.comments(REPO_NAME, PR) if MARKER in c["body"]]
+        marker = f"<!-- gitops-train:experiment={self.experiment} -->"
+        return [c for c in self.gh.comments(REPO_NAME, PR) if marker in c["body"]]
 
 
 @pytest.fixture
 def flow(tmp_path: Path):
-    old = os.getcwd()
     with GitHubEmulator() as gh:
         yield Flow(tmp_path, gh)
-    os.chdir(old)
+
+
+@pytest.fixture
+def tiny_flow(tmp_path: Path):
+    with GitHubEmulator() as gh:
+        yield Flow(tmp_path, gh, tiny=True)
 
 
 @pytest.mark.e2e
@@ -150,7 +164,8 @@ def test_a_bundle_for_a_superseded_head_is_refused(flow: Flow) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1500)
-def test_train_on_cpu_then_promote_on_merge(flow: Flow) -> None:
+def test_train_on_cpu_then_promote_on_merge(tiny_flow: Flow) -> None:
+    flow = tiny_flow
     # /train binds to the head SHA that the PR checks validated (recorded in the sticky comment).
     run_id, pr_results = flow.run_pr_checks()
     assert pr_results["check"].result == "success", explain(pr_results)
@@ -159,7 +174,7 @@ def test_train_on_cpu_then_promote_on_merge(flow: Flow) -> None:
 
     comment = fixture("issue_comment")
     comment["issue"]["number"] = PR
-    comment["comment"]["body"] = f"/train {EXPERIMENT}"
+    comment["comment"]["body"] = f"/train {flow.experiment}"
     results = flow.runner.run_workflow("experiment-train.yml", "issue_comment", comment, sha=flow.main_sha)
     authorize, train = results["authorize"], results["train"]
     assert authorize.result == "success", explain(results)
@@ -171,14 +186,19 @@ def test_train_on_cpu_then_promote_on_merge(flow: Flow) -> None:
     (sticky,) = flow.sticky()
     assert any(word in sticky["body"].lower() for word in ("supported", "refuted", "inconclusive")), sticky["body"]
 
-    # Reviewed on the final head by someone other than the author, then merged.
+    # Reviewed on the final head by a writer other than the author, who also accepts the
+    # single-seed (inconclusive) verdict with the override label; then merged.
     flow.gh.add_review(REPO_NAME, PR, user="rex", state="APPROVED", commit_id=flow.head_sha)
+    flow.gh.add_label(REPO_NAME, PR, "promote-override", actor="rex")
     flow.gh.merge(REPO_NAME, PR, merged_by="maria")
     closed = copy.deepcopy(flow.pull_request_payload("closed"))
-    closed["pull_request"].update(merged=True, state="closed")
+    closed["pull_request"].update(merged=True, state="closed",
+                                  labels=[{"name": "promote-override"}])
     promoted = flow.runner.run_workflow("experiment-promote.yml", "pull_request", closed, sha=flow.head_sha,
                                         ref=f"refs/pull/{PR}/merge")
     assert promoted["promote"].result == "success", explain(promoted)
+    (sticky,) = flow.sticky()
+    assert "Promoted" in sticky["body"] and "champion" in sticky["body"], explain(promoted) + sticky["body"]
 
 
 @pytest.mark.e2e

@@ -189,6 +189,8 @@ class Trainer:
         # ---- model, seeded identically on every rank
         torch.manual_seed(tr.seed)
         init_from = Path(spec.model.init_from) if spec.model.init_from else None
+        if init_from is not None and not init_from.is_absolute():  # relative to the repository, like data paths
+            init_from = Path(__file__).resolve().parent.parent / init_from
         self.raw_model = build_model(spec.model, init_from).to(self.device)
         self.n_params = parameter_count(self.raw_model)
         self.flops_per_token = flops_per_token(spec.model, self.seq_len, self.n_params)

@@ -175,7 +175,7 @@ class DataChecks(Section):
     """Maximum share of exact duplicates."""
     max_doc_tokens_p50: Annotated[int, Field(ge=1, le=10**9)] = 1_000_000
     """Upper bound on the median document length in tokens."""
-    max_js_divergence: Annotated[float, Field(ge=0.0, le=1.0)] = 0.15
+    max_js_divergence: Annotated[float, Field(ge=0.0, le=1.0)] = 0.08
     """Maximum Jensen-Shannon divergence (base 2) of a source's token distribution vs the baseline's."""
     max_length_shift: Annotated[float, Field(ge=0.0, le=100.0)] = 0.5
     """Maximum relative shift of a source's median document length vs the baseline's."""

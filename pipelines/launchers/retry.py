@@ -93,8 +93,13 @@ class RetryOutcome:
 
 def run_with_retries(launcher: Launcher, job: LaunchJob, on_log: LogSink | None = None,
                      timeout: float | None = None) -> RetryOutcome:
-    """Submit `job`, wait, and relaunch it after a crash up to `job.max_restarts` times."""
+    """Submit `job`, wait, and relaunch it after a crash up to `job.max_restarts` times.
+
+    A launcher whose jobs retry by themselves (`retries_inside`, Slurm: in-job loop plus
+    requeue) is submitted once, so attempts do not multiply.
+    """
     say = on_log or (lambda line: None)
+    limit = 0 if getattr(launcher, "retries_inside", False) else job.max_restarts
     decisions: list[Decision] = []
     attempt = 0
     while True:
@@ -107,7 +112,7 @@ def run_with_retries(launcher: Launcher, job: LaunchJob, on_log: LogSink | None 
         status = read_result_status(job.run_dir, not_before=started)
         decision = classify(state.exit_code, status, cancelled=cancel_requested(job.run_dir), phase=state.phase)
         decisions.append(decision)
-        if decision.verdict is not Verdict.RETRY or attempt > job.max_restarts:
+        if decision.verdict is not Verdict.RETRY or attempt > limit:
             if decision.verdict is Verdict.RETRY:
                 say(f"[launcher] giving up after {attempt} attempts: {decision.reason}")
             return RetryOutcome(state, attempt, tuple(decisions))

@@ -174,6 +174,7 @@ class SlurmLauncher:
     """sbatch + srun; the job keeps running without us (detach = just don't wait)."""
 
     name = "slurm"
+    retries_inside = True  # the batch script's loop and `wait`'s requeue; run_with_retries submits once
 
     def __init__(self, max_requeues: int = 1, requeue_hold_s: int | None = None):
         self.max_requeues = max_requeues

@@ -36,7 +36,8 @@ def resolve_files(source: DataSource, repo_root: Path) -> list[Path]:
     files = [p for p in matches if p.is_file()]
     if not files:
         what = "no file matches" if not glob.has_magic(source.path) else "the glob matches no file"
-        raise DataError(f"data source '{source.name}': {what} '{source.path}' (looked in {pattern})")
+        hint = "; build the demo corpus with `pipeline data demo`" if source.path.startswith("data/demo/") else ""
+        raise DataError(f"data source '{source.name}': {what} '{source.path}' (looked in {pattern}){hint}")
     roots = data_roots(repo_root)
     for path in files:
         real = path.resolve()
