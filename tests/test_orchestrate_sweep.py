@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.sweep import Trial, TrialOutcome, expand_trials, render_trials_markdown, select_winner, selection
+from pipelines.sweep import (
+    Trial,
+    TrialOutcome,
+    expand_trials,
+    render_trials_markdown,
+    select_winner,
+    selection,
+)
 from validation.spec import ExperimentSpec
 
 pytestmark = pytest.mark.unit
