@@ -375,12 +375,14 @@ class ExperimentFlow:
             spec=candidate.spec,
             out_dir=out_dir,
             mlflow_url=os.environ.get("PIPELINE_MLFLOW_PUBLIC_URL"),
+            mlflow_client=self._mlflow_client(),
         )
         if candidate.extra.get("sweep_markdown"):
             md = out_dir / "report.md"
             atomic_write_text(md, md.read_text(encoding="utf-8").rstrip("\n") + "\n\n" + candidate.extra["sweep_markdown"])
         comment = self._publish(candidate, out_dir)
         verdict = getattr(report, "verdict", None)
+        self._tag_verdict(candidate, getattr(verdict, "outcome", None))
         outputs = {
             "report_dir": str(out_dir),
             "verdict": getattr(verdict, "outcome", None) or getattr(verdict, "label", None) or str(verdict),
@@ -388,6 +390,31 @@ class ExperimentFlow:
             "comment": str(comment) if comment else None,
         }
         return StageOutcome(outputs=outputs, artifacts=[(out_dir / "report.md", "file"), (out_dir / "result.json", "json")])
+
+    def _mlflow_client(self):
+        """A client for the tracking store, or None when it cannot be reached (the report still
+        gets written; MLflow gets it on the next run)."""
+        try:
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(tracking_uri=self.tracking_uri)
+            client.search_experiments(max_results=1)
+            return client
+        except Exception:  # unreachable server: the local report is the source of truth
+            return None
+
+    def _tag_verdict(self, candidate: ExperimentResult, outcome: str | None) -> None:
+        """Record the verdict on every candidate MLflow run: promotion reads it from there."""
+        client = self._mlflow_client()
+        if client is None or outcome is None:
+            return
+        for d in candidate.seed_dirs:
+            run_id = (read_json(d / "result.json") or {}).get("mlflow_run_id")
+            if run_id:
+                try:
+                    client.set_tag(run_id, "pipeline.verdict", str(outcome))
+                except Exception:  # best effort, see _mlflow_client
+                    pass
 
     def _publish(self, candidate: ExperimentResult, report_dir: Path) -> Path | None:
         """Update the sticky comment: on GitHub when a PR and a token are known, else a local file."""

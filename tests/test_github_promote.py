@@ -116,7 +116,7 @@ def train_run(uri: str, tmp: Path, sha: str, outcome: str | None, status: str = 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(exp_name)
     exp_id = exp.experiment_id if exp else client.create_experiment(exp_name, artifact_location=(tmp / "art").as_uri())
-    run = client.create_run(exp_id, tags={"pipeline.code_version": sha, "pipeline.dirty": "false",
+    run = client.create_run(exp_id, tags={"pipeline.git_sha": sha, "pipeline.dirty": "false",
                                           "pipeline.experiment": exp_name})
     model = tmp / "model"
     model.mkdir(exist_ok=True)

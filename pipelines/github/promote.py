@@ -3,7 +3,7 @@
 For each experiment a merged PR adds or changes, the model is promoted only when:
 
 1. a training run *finished* on the PR's final head SHA (MLflow tag
-   `pipeline.code_version` equals that SHA, and the tree was not dirty);
+   `pipeline.git_sha` equals that SHA, and the tree was not dirty);
 2. its verdict passes the gates (`supported`), or someone with write access other than
    the author applied the override label (`promote-override`), as the PR's label events
    show (who applied it is asked of the API, not assumed);
@@ -172,7 +172,7 @@ class MlflowPromotion:
         if exp is None:
             return None
         runs = self.client.search_runs(
-            [exp.experiment_id], filter_string=f"tags.`pipeline.code_version` = '{sha}'",
+            [exp.experiment_id], filter_string=f"tags.`pipeline.git_sha` = '{sha}'",
             order_by=["attributes.start_time DESC"], max_results=50,
         )
         if not runs:
