@@ -9,11 +9,12 @@ layer (`trainer.data`), the data checks (`validation.data_checks`), the launcher
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from pipelines.rundir import (
     finished_training_runs,
     new_run_dir,
     read_json,
+    runs_root,
 )
 from pipelines.stages import StageOutcome, StageRunner
 from validation.errors import PipelineError, TrainingError, UsageError
@@ -210,6 +212,15 @@ class ExperimentFlow:
 
         run_id = experiment_key(self.code, spec.spec_hash(), prepared.version, seeds)
         run_dir = new_run_dir(self.repo, name, run_id)
+        # One process at a time per run directory (two PRs needing the same baseline).
+        with identity_lock(runs_root(self.repo), f"run-{run_id}"):
+            return self._run_stages(spec, spec_path, seeds=seeds, role=role, baseline=baseline, prepared=prepared,
+                                    run_id=run_id, run_dir=run_dir, started=started)
+
+    def _run_stages(self, spec: ExperimentSpec, spec_path: Path, *, seeds: list[int], role: str,
+                    baseline: ExperimentResult | None, prepared: Any, run_id: str, run_dir: Path,
+                    started: float) -> ExperimentResult:
+        name, rep = spec.name, self.reporter
         ident = f"{self.code.tree}:{spec.spec_hash()}:{prepared.version}:{','.join(map(str, seeds))}"
         stages = StageRunner(run_dir, ident, on_event=lambda s, e, r: rep.stage(name, s, e, _detail(r)) if s not in ("validate", "prepare") else None)
         atomic_write_json(run_dir / "spec.resolved.json", spec.resolved_dict())
@@ -299,6 +310,13 @@ class ExperimentFlow:
 
     def _train_seed(self, spec: ExperimentSpec, seed: int, prepared, run_dir: Path, role: str) -> tuple[Path, bool]:
         identity = RunIdentity(spec.name, seed, self.code, spec.spec_hash(), prepared.version)
+        # Two `pipeline run`s that need the same training (two PRs, one baseline) must not
+        # train it twice into one directory: the second waits, then reuses the result.
+        with identity_lock(runs_root(self.repo), identity.key):
+            return self._train_seed_locked(spec, seed, prepared, run_dir, role, identity)
+
+    def _train_seed_locked(self, spec: ExperimentSpec, seed: int, prepared, run_dir: Path, role: str,
+                           identity: RunIdentity) -> tuple[Path, bool]:
         existing = finished_training_runs(self.repo).get(identity.key)
         if existing is not None and not self.options.force:
             self.reporter.stage(spec.name, "train", "reused", f"seed {seed}: {existing}")
@@ -434,6 +452,21 @@ class ExperimentFlow:
         path = Path(host.path_of(posted))
         atomic_write_text(report_dir / "comment.md", path.read_text(encoding="utf-8"))
         return report_dir / "comment.md"
+
+
+@contextlib.contextmanager
+def identity_lock(root: Path, key: str) -> Iterator[None]:
+    """An exclusive lock per training identity (flock: released if the holder dies)."""
+    import fcntl
+
+    locks = root / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with (locks / f"{key}.lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _detail(result: Any) -> str:

@@ -168,3 +168,43 @@ def test_sweep_runs_every_trial_and_reports_the_winner(repo: Path, monkeypatch: 
     report = (candidate.report_dir / "report.md").read_text()
     assert "<b>Sweep</b>: 2 trials" in report and f"{candidate.spec.name} **winner**" in report
     assert "tiny-sweep-t1" in report and "tiny-sweep-t2" in report
+
+
+def test_two_experiments_at_once_share_one_baseline_training(tmp_path: Path) -> None:
+    """Two `pipeline run` processes (two PRs) started together: separate run directories and
+    MLflow runs, the shared baseline trained once, no shared temp files, both succeed."""
+    import os
+    import subprocess
+    import sys
+
+    from trainer.data import build_demo_corpus
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "tiny-base.yaml").write_text(BASE)
+    (tmp_path / "experiments" / "tiny-a.yaml").write_text(CANDIDATE.format(name="tiny-a", lr=0.005))
+    (tmp_path / "experiments" / "tiny-b.yaml").write_text(CANDIDATE.format(name="tiny-b", lr=0.007))
+    build_demo_corpus(tmp_path / "data" / "demo", max_bytes=150_000)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # Create the MLflow schema once: two processes migrating a new sqlite file at once is an
+    # MLflow limitation, not what this test is about.
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=uri).search_experiments()
+    env = dict(os.environ, PIPELINE_RUNS_DIR=str(tmp_path / "runs"), MLFLOW_TRACKING_URI=uri)
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "pipelines", "run", f"experiments/{n}.yaml", "--no-smoke"],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for n in ("tiny-a", "tiny-b")
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+
+    runs = tmp_path / "runs"
+    dirs = {p.parent.name: p for p in runs.glob("*/*/*") if p.is_dir()}
+    assert set(dirs) == {"tiny-a", "tiny-b", "tiny-base"}
+    client = MlflowClient(tracking_uri=uri)
+    for name, expected in (("tiny-a", 1), ("tiny-b", 1), ("tiny-base", 1)):
+        exp = client.get_experiment_by_name(name)
+        assert len(client.search_runs([exp.experiment_id])) == expected, name
+    assert not list(runs.rglob("*.tmp")), "no temp file may be left behind"
