@@ -705,7 +705,7 @@ class Trainer:
                     self.save_checkpoint()
                 self.alerts.drain_to_sink()
                 if (s + 1) % tr.log_interval == 0:
-                    self.sink.flush()
+                    self.sink.flush(wait=False)
                 self._faults_after_step()
                 self.step_done_at.append(time.perf_counter())
                 if stop_early:

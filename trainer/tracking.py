@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,7 +41,7 @@ class MetricSink(Protocol):
 
     def log_params(self, params: dict[str, Any]) -> None: ...
 
-    def flush(self) -> None: ...
+    def flush(self, wait: bool = True) -> None: ...
 
     def close(self, status: str) -> None: ...
 
@@ -56,7 +58,7 @@ class NullSink:
     def log_params(self, params: dict[str, Any]) -> None:
         pass
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = True) -> None:
         pass
 
     def close(self, status: str) -> None:
@@ -85,9 +87,9 @@ class FanoutSink:
         for s in self.sinks:
             s.log_params(params)
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = True) -> None:
         for s in self.sinks:
-            s.flush()
+            s.flush(wait=wait)
 
     def close(self, status: str) -> None:
         for s in self.sinks:
@@ -154,7 +156,7 @@ class JsonlMetrics:
     def log_params(self, params: dict[str, Any]) -> None:
         pass
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = True) -> None:
         points = filter_new_points(self._pending, self.high_water)
         self._pending = []
         if points:
@@ -198,10 +200,18 @@ class MlflowSink:
         self.run_name = run_name or saved.get("run_name") or self.run_dir.name
         self.high_water: dict[str, int] = {}
         self._client: Any = None
+        # Filled by the training thread (front), handed to the sender in one swap per flush.
+        self._front_metrics: list[tuple[str, int, float, int]] = []
+        self._front_tags: dict[str, str] = {}
+        self._front_params: dict[str, str] = {}
+        # Owned by whoever holds _io_lock (the background sender, or a waiting flush).
         self._pending_metrics: list[tuple[str, int, float, int]] = []
         self._pending_tags: dict[str, str] = {}
         self._pending_params: dict[str, str] = {}
         self._offline_since: float | None = None
+        self._io_lock = threading.Lock()
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._worker: threading.Thread | None = None
         self.calls = 0  # log_batch requests made (for the overhead benchmark)
         self._write_run_file()
         self._connect()
@@ -210,15 +220,56 @@ class MlflowSink:
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         ts = int(time.time() * 1000)
-        self._pending_metrics.extend((k, step, float(v), ts) for k, v in metrics.items())
+        self._front_metrics.extend((k, step, float(v), ts) for k, v in metrics.items())
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self._pending_tags.update({k: str(v)[:5000] for k, v in tags.items()})
+        self._front_tags.update({k: str(v)[:5000] for k, v in tags.items()})
 
     def log_params(self, params: dict[str, Any]) -> None:
-        self._pending_params.update({k: str(v)[:6000] for k, v in params.items()})
+        self._front_params.update({k: str(v)[:6000] for k, v in params.items()})
 
-    def flush(self, force: bool = False) -> None:
+    def flush(self, wait: bool = True, force: bool = False) -> None:
+        """Send what was logged since the last flush.
+
+        wait=False hands it to a background sender and returns at once (the training loop's
+        log-interval flush: the HTTP round trip leaves the step time). wait=True (checkpoints,
+        close) returns only when everything logged so far is acknowledged or spooled to disk,
+        so a checkpoint never covers a step whose points could still be lost.
+        """
+        batch = (self._front_metrics, self._front_tags, self._front_params)
+        self._front_metrics, self._front_tags, self._front_params = [], {}, {}
+        if not wait:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._sender, name="mlflow-sender", daemon=True)
+                self._worker.start()
+            self._queue.put((batch, force))
+            return
+        self._queue.join()
+        with self._io_lock:
+            self._take(batch)
+            self._flush_now(force)
+
+    def _sender(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                batch, force = item
+                with self._io_lock:
+                    self._take(batch)
+                    self._flush_now(force)
+            except Exception as exc:  # noqa: BLE001 - never let the sender die silently
+                log.warning("MLflow sender: %s", _short(exc))
+            finally:
+                self._queue.task_done()
+
+    def _take(self, batch: tuple[list[Any], dict[str, str], dict[str, str]]) -> None:
+        self._pending_metrics.extend(batch[0])
+        self._pending_tags.update(batch[1])
+        self._pending_params.update(batch[2])
+
+    def _flush_now(self, force: bool) -> None:
         if not (self._pending_metrics or self._pending_tags or self._pending_params or self.spool.exists()):
             return
         if self._offline_since is not None and not force and time.monotonic() - self._offline_since < OFFLINE_RETRY_S:
@@ -242,7 +293,11 @@ class MlflowSink:
 
         status "preempted" leaves the run RUNNING: the resumed process continues it.
         """
-        self.flush(force=True)
+        self.flush(wait=True, force=True)
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join(timeout=60)
+            self._worker = None
         if self._offline_since is not None or self.run_id is None or status == "preempted":
             return
         mlflow_status = {"finished": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}.get(status, "FINISHED")

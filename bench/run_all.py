@@ -1,0 +1,37 @@
+"""`make bench`: every benchmark, one after another, each appending to bench/RESULTS.md.
+
+Side-by-side ratios are measured inside each script in one run (interleaved, medians);
+this only sequences them. The GPU script runs only where CUDA is available.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = ["bench_validate.py", "bench_pr_check.py", "bench_data.py", "bench_trainer.py", "bench_mlflow.py"]
+
+
+def main() -> int:
+    failed = []
+    for script in SCRIPTS:
+        print(f"== {script}", flush=True)
+        if subprocess.run([sys.executable, str(HERE / script)], cwd=HERE.parent).returncode:
+            failed.append(script)
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            print("== gpu_bench.py", flush=True)
+            if subprocess.run([sys.executable, str(HERE / "gpu_bench.py")], cwd=HERE.parent).returncode:
+                failed.append("gpu_bench.py")
+    except ImportError:
+        pass
+    print("results: bench/RESULTS.md" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
