@@ -286,6 +286,23 @@ def run_hf_padded(prepared: Any, precision: str, steps: int, work: Path) -> dict
             "padding_efficiency": sum(slots) / (len(slots) * MICRO * (SEQ - 1))}
 
 
+def padding_efficiency_by_source(prepared: Any) -> dict[str, float]:
+    """Loss-bearing share of the slots with the HF padding recipe, per source (batches of MICRO
+    consecutive documents, each truncated to SEQ, padded to the longest in its batch)."""
+    import numpy as np
+
+    out = {}
+    for src in prepared.sources:
+        lengths = np.minimum(np.diff(prepared.offsets(src)), SEQ)
+        useful = slots = 0
+        for i in range(0, lengths.size - MICRO + 1, MICRO):
+            batch = lengths[i:i + MICRO]
+            useful += int((batch - 1).clip(0).sum())
+            slots += int(batch.max()) * MICRO
+        out[src] = useful / slots if slots else float("nan")
+    return out
+
+
 def useful_fraction_packed(prepared: Any, steps: int) -> float:
     batches = packed_batches(prepared, steps)
     sup = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
@@ -363,6 +380,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p["mlflow_share_of_loop"] = med(f"trainer/{precision}", "mlflow_share")
         figures[precision] = p
     figures["packed_useful_fraction"] = packed_useful
+    figures["hf_padding_efficiency_by_source"] = padding_efficiency_by_source(prepared)
     figures["checkpoint_stall_s"] = {"sync": med("trainer/fp32", "stall_s"), "async": med("trainer-async/fp32", "stall_s")}
     figures["raw"] = raw
     print(json.dumps(figures, indent=2))
@@ -383,9 +401,8 @@ def append_results(f: dict[str, Any]) -> None:
         f"Llama 4 layers x 256 wide, vocab 2048, seq {SEQ}, micro batch {MICRO}, same packed rows for every system; "
         f"{f['steps']} steps per run (first {WARMUP} not timed), {f['repeats']} interleaved repeats, medians. "
         "`python bench/bench_trainer.py`.",
-        "Two clocks: *wall* tokens/s, and tokens per *CPU-second* of the process (all threads). On this shared "
-        "machine wall time mostly measures the neighbours, so the ratios are taken on CPU time; wall figures "
-        "are shown for completeness.",
+        "Two clocks: *wall* tokens/s and tokens per *CPU-second* of the process (all threads), as a cross-check: "
+        "when neighbours load the machine both drop, so read the medians of the interleaved repeats.",
         "",
         "| precision | clock | bare loop | trainer | HF Trainer | trainer/bare | trainer/HF | useful packed | "
         "useful HF padding | packed/padded |",
@@ -406,7 +423,9 @@ def append_results(f: dict[str, Any]) -> None:
         "",
         f"Packing: {100 * f['packed_useful_fraction']:.1f} % of packed slots carry a loss (document starts excluded); "
         f"HF padding recipe: {100 * first.get('hf_padding_efficiency', float('nan')):.1f} % (one document per row, "
-        f"truncated at {SEQ}, padded to the longest in the batch).",
+        f"truncated at {SEQ}, padded to the longest in the batch). Padding efficiency by source: "
+        + ", ".join(f"{k} {100 * v:.1f} %" for k, v in f["hf_padding_efficiency_by_source"].items())
+        + " (short docstrings are where padding wastes most).",
         "MLflow logging (local sqlite, batched every 5 steps) as a share of the trainer's loop time: "
         + ", ".join(f"{pr} {100 * f[pr]['mlflow_share_of_loop']:.2f} %" for pr in ("fp32", "bf16") if pr in f) + ".",
         f"Checkpoint stall (median, fp32, 3.7M params + AdamW state, written then validated by reloading): "

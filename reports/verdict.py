@@ -104,8 +104,10 @@ def verdict(comparison: Comparison, power: float = POWER) -> Verdict:
     effect = metric.delta * scale
     want = f"{h.direction} by at least {h.min_effect:.1%}"
     if metric.n == 1:
+        moved = (f"`{h.metric}` moved {_pct(metric.delta / abs(metric.baseline))}, "
+                 + ("in the stated direction" if effect > 0 else "the opposite way" if effect < 0 else "not at all"))
         return result("inconclusive", (
-            f"Inconclusive: one seed. Observed {_pct(effect)} in the stated direction (wanted: {want}), "
+            f"Inconclusive: one seed. {moved} (wanted: {want}), "
             "but a single pair cannot separate the effect from seed noise." + needed_text), effect=effect)
 
     p = _paired_p_value(metric.differences)

@@ -316,7 +316,7 @@ def test_oom_fallback_halves_micro_batch_keeps_global_batch(
     assert any(a["kind"] == "oom_fallback" for a in alerts)
     # Same rows, same token-weighted objective: only the summation order differs.
     for step, loss in step_losses(run_dir):
-        assert loss == pytest.approx(reference["losses"][step], abs=1e-4)
+        assert loss == pytest.approx(reference["losses"][step], abs=1e-5)  # measured <= 5e-7
     state = json.loads((run_dir / "checkpoints" / "step_000008" / "train_state.json").read_text())
     assert (state["micro_batch_size"], state["grad_accum_steps"]) == (2, 2)
 
@@ -361,7 +361,7 @@ def test_two_gloo_ranks_match_one_rank_and_resume_exactly(
     for step, loss in seen:
         first.setdefault(step, loss)
         assert loss == first[step], f"step {step} not bitwise equal after resume"
-        assert loss == pytest.approx(reference["losses"][step], abs=1e-4)  # 2 ranks vs 1 rank
+        assert loss == pytest.approx(reference["losses"][step], abs=1e-5)  # 2 ranks vs 1: measured <= 1e-6
     checksums = []
     for rank in (0, 1):
         lines = [line for line in (run_dir / "logs" / f"rank{rank}.log").read_text().splitlines()
