@@ -103,6 +103,18 @@ def with_seed(spec: ExperimentSpec, seed: int) -> ExperimentSpec:
     return ExperimentSpec.model_validate(data)
 
 
+def with_planned_layout(spec: ExperimentSpec) -> ExperimentSpec:
+    """`parallel: auto` resolved to the preflight plan's layout: the trainer makes no decisions."""
+    if not isinstance(spec.parallel, str):
+        return spec
+    from validation.preflight import plan_parallel
+
+    data = spec.model_dump(mode="json", by_alias=True)
+    layout = plan_parallel(spec).layout()
+    data["parallel"] = layout.model_dump(mode="json")
+    return ExperimentSpec.model_validate(data)
+
+
 def baseline_path(spec: ExperimentSpec, spec_path: Path) -> Path | None:
     """The baseline experiment file, or None for `champion` (compared via the registry)."""
     name = spec.hypothesis.baseline
@@ -239,7 +251,8 @@ class ExperimentFlow:
 
         base_prepared = self._prepare_cached(baseline.spec) if baseline is not None else None
         stages.run("check", lambda: self._check(spec, prepared, base_prepared, run_dir / "check"), force=self.options.force)
-        if self.options.smoke:
+        # The smoke run guards the change under review; a baseline is not under review.
+        if self.options.smoke and role != "baseline":
             stages.run("smoke", lambda: self._smoke(spec, prepared, run_dir / "smoke"), force=self.options.force)
 
         seed_dirs: list[Path] = []
@@ -300,7 +313,15 @@ class ExperimentFlow:
         from trainer.smoke import run_smoke
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        result = run_smoke(spec, prepared, out_dir / "run", tracking_uri="none")
+        previous = os.environ.get("TRAINER_CONSOLE_LEVEL")
+        os.environ["TRAINER_CONSOLE_LEVEL"] = "WARNING"  # details stay in the smoke run's logs/
+        try:
+            result = run_smoke(spec, prepared, out_dir / "run", tracking_uri="none")
+        finally:
+            if previous is None:
+                os.environ.pop("TRAINER_CONSOLE_LEVEL", None)
+            else:
+                os.environ["TRAINER_CONSOLE_LEVEL"] = previous
         atomic_write_json(out_dir / "smoke.json", result)
         if result.get("status") != "passed":
             failed = [k for k, ok in result.get("checks", {}).items() if not ok]
@@ -323,7 +344,7 @@ class ExperimentFlow:
             return existing, True
         seed_dir = run_dir / "train" / f"seed-{seed}"
         seed_dir.mkdir(parents=True, exist_ok=True)
-        seeded = with_seed(spec, seed)
+        seeded = with_planned_layout(with_seed(spec, seed))
         atomic_write_json(seed_dir / "spec.resolved.json", seeded.resolved_dict())
         launcher = self.options.launcher or spec.resource.launcher
         atomic_write_json(

@@ -21,7 +21,7 @@ from pipelines.github.chatops import (
 )
 from pipelines.github.client import PullRequestInfo, PyGithubHost
 from pipelines.github.comment import StickyComment
-from pipelines.github.events import CommentEvent, WorkflowDispatchEvent
+from pipelines.github.events import CommentEvent, PullRequestEvent, PullRequestRef, WorkflowDispatchEvent
 
 EXP = "rope-theta"
 INJECTIONS = [
@@ -226,3 +226,23 @@ def test_comments_on_issues_bots_and_edits_are_ignored(gh: GitHubEmulator) -> No
     for event in (plain, bot, edited):
         assert handle_event(event, host, bot_login=gh.bot_login).action == "ignore"
     assert gh.requests_made() == []
+
+
+def _labeled(gh: GitHubEmulator, n: int, sender: str, label: str = "train", fork: bool = False) -> PullRequestEvent:
+    ref = PullRequestRef(number=n, title="t", body="", author="dana", head_sha=SHA_A, head_ref="exp",
+                         head_repo="someone/lab" if fork else REPO, base_repo=REPO, base_ref="main",
+                         merged=False, state="open", draft=False, labels=(label,))
+    return PullRequestEvent(action="labeled", pull_request=ref, repo=REPO, sender=sender, label=label)
+
+
+@pytest.mark.integration
+def test_train_label_is_a_train_command_by_whoever_applied_it(gh: GitHubEmulator) -> None:
+    n = emulated_repo(gh)
+    _validated(gh, n)
+    host = PyGithubHost(emulator_config(gh))
+    d = handle_event(_labeled(gh, n, "erin"), host, bot_login=gh.bot_login)
+    assert (d.action, d.sha, d.experiments) == ("launch", SHA_A, (EXP,))
+    assert handle_event(_labeled(gh, n, "frank"), host, bot_login=gh.bot_login).action == "refuse"
+    assert handle_event(_labeled(gh, n, "erin", label="bug"), host, bot_login=gh.bot_login).action == "ignore"
+    gh.push(REPO, n, SHA_B)  # a newer push: the label alone cannot launch the unvalidated head
+    assert handle_event(_labeled(gh, n, "erin"), host, bot_login=gh.bot_login).action == "refuse"

@@ -135,7 +135,8 @@ def setup_logging(run_dir: Path, rank: int) -> None:
     if rank == 0:
         console = logging.StreamHandler()
         console.setFormatter(fmt)
-        console.setLevel(logging.INFO)
+        # The orchestrator runs the smoke stage in-process under its own progress display.
+        console.setLevel(os.environ.get("TRAINER_CONSOLE_LEVEL", "INFO").upper())
         console.addFilter(lambda record: not getattr(record, "per_step", False))
         root.addHandler(console)
     root.propagate = False
@@ -169,6 +170,14 @@ class Trainer:
         precision = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[tr.precision]
         if precision == "fp16" and not torch.cuda.is_available():
             raise TrainingError("train.precision fp16 needs a GPU; use bf16 (CPUs with avx512_bf16) or fp32")
+        layout = spec.parallel_layout()
+        if layout.tp > 1 or layout.pp > 1 or layout.fsdp:
+            # The planner may choose these for large models; this execution layer implements
+            # data parallelism only, and says so before touching a device.
+            raise TrainingError(
+                f"parallel layout dp={layout.dp} tp={layout.tp} pp={layout.pp} fsdp={layout.fsdp} is not supported "
+                "by this trainer (data parallelism only); use a model that fits one device per process"
+            )
         self.accelerator = Accelerator(mixed_precision=precision)
         acc = self.accelerator
         self.rank, self.world = acc.process_index, acc.num_processes

@@ -9,21 +9,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-# Dense peak TFLOPS per device for MFU when `resource.peak_tflops` is not given.
-# GPUs: vendor bf16 dense figures. CPU: per *thread*, a conservative AVX-512 figure
-# (2 FMA units x 16 fp32 lanes x 2 flops x ~2.5 GHz = 160 GFLOPS, halved for the
-# memory-bound reality of small matmuls); it is documented, not measured, so MFU on a
-# CPU is a relative figure: compare runs on the same machine, not against GPUs.
-DEFAULT_PEAK_TFLOPS: dict[str, float] = {
-    "h200": 989.0,
-    "h100": 989.0,
-    "a100": 312.0,
-    "l40s": 362.0,
-    "a10g": 125.0,
-    "l4": 121.0,
-    "t4": 65.0,
-    "v100": 125.0,
-}
+from validation.preflight import PEAK_TFLOPS_BF16 as DEFAULT_PEAK_TFLOPS
+
+# Dense peak per device for MFU when `resource.peak_tflops` is not given. GPUs: the same
+# vendor bf16 table the preflight estimate uses (one source of truth). CPU: per *thread*, a
+# conservative AVX-512 figure (2 FMA units x 16 fp32 lanes x 2 flops x ~2.5 GHz = 160 GFLOPS,
+# halved for the memory-bound reality of small matmuls); it is documented, not measured, so
+# MFU on a CPU is a relative figure: compare runs on the same machine, not against GPUs.
 CPU_PEAK_TFLOPS_PER_THREAD = 0.08
 
 

@@ -31,7 +31,7 @@ from typing import Literal, Protocol
 
 from pipelines.github.client import WRITE_ROLES, CodeHost, Comment, PullRequestInfo, ReviewHost
 from pipelines.github.comment import StickyComment, parse_state
-from pipelines.github.events import CommentEvent, Event, WorkflowDispatchEvent
+from pipelines.github.events import CommentEvent, Event, PullRequestEvent, WorkflowDispatchEvent
 from validation.spec import NAME_PATTERN
 
 VERBS = ("train", "cancel", "retry")
@@ -201,6 +201,10 @@ def decide(
                     sha=pr.head_sha, pr=n, retry=command.verb == "retry")
 
 
+TRAIN_LABEL = "train"
+"""Applying this label to a pull request works like a `/train` comment."""
+
+
 class ChatOpsHost(CodeHost, ReviewHost, Protocol):
     """The PyGithub adapter implements both."""
 
@@ -231,6 +235,13 @@ def handle_event(event: Event, host: ChatOpsHost, *, bot_login: str | None) -> D
         else:
             command = Command(verb, experiment)
         actor, number, sha, via_dispatch = event.sender, int(pr_text), inputs.get("sha", ""), True
+        reply_key = None
+    elif isinstance(event, PullRequestEvent) and event.action == "labeled" and event.label == TRAIN_LABEL:
+        # The `train` label is a /train by whoever applied it (permission asked of the API;
+        # fork PRs are refused like their comments). The label is removed by nobody: a new
+        # push resets the validated SHA, so a stale label cannot launch anything.
+        command, actor, number, sha, via_dispatch = Command("train", None), event.sender, \
+            event.pull_request.number, None, False
         reply_key = None
     else:
         return Decision("ignore", f"{event.name} events carry no commands")
