@@ -149,7 +149,7 @@ def train(
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI.")] = None,
 ) -> None:
     """Train an experiment (and its baseline when missing) and report; what `/train` runs on a GPU runner."""
-    from pipelines.orchestrate import ExperimentFlow, RunOptions, summary_lines
+    from pipelines.orchestrate import Detached, ExperimentFlow, RunOptions, summary_lines
 
     if not file.is_file():
         raise _fail(UsageError(f"{file}: no such experiment file"))
@@ -159,6 +159,12 @@ def train(
     _sigterm_as_interrupt()
     try:
         candidate, baseline = flow.run(file)
+    except Detached:
+        for name, seed, run_dir, kind, job_id in flow.detached:
+            typer.echo(f"submitted {name} seed {seed}: {kind} job {job_id}  (pipeline status {run_dir})")
+        typer.echo(f"detached. Follow with `pipeline status RUN`; `pipeline train {file}` again follows the "
+                   "running jobs and writes the report when they finish.")
+        return
     except PipelineError as exc:
         raise _fail(exc) from None
     except KeyboardInterrupt:

@@ -135,6 +135,8 @@ class ExperimentFlow:
         self.reporter = reporter or Reporter()
         self.code: CodeVersion = code_version(repo)
         self.tracking_uri = self.options.tracking_uri or default_tracking_uri(repo)
+        self.detached: list[tuple[str, int, Path, str, str]] = []
+        """(experiment, seed, run dir, launcher, job id) submitted with --detach."""
 
     # ------------------------------------------------------------------ public
 
@@ -148,7 +150,12 @@ class ExperimentFlow:
         if base_file is not None and self.options.run_baseline:
             base_spec = load_spec(base_file)
             # Paired comparison: the baseline runs on the candidate's seeds.
-            baseline = self.run_one(base_spec, base_file, seeds=seeds_of(spec), role="baseline")
+            try:
+                baseline = self.run_one(base_spec, base_file, seeds=seeds_of(spec), role="baseline")
+            except Detached:
+                baseline = None  # submitted; go on and submit the candidate too
+        if self.options.detach and spec.sweep is not None:
+            raise PipelineError(f"{spec_path}: --detach does not support sweeps yet; run the sweep attached")
         if spec.sweep is not None:
             candidate = self.run_sweep(spec, spec_path, baseline)
         else:
@@ -268,6 +275,12 @@ class ExperimentFlow:
                 artifacts=[(d / "result.json", "json") for d in seed_dirs] + [(d / "metrics.jsonl", "jsonl") for d in seed_dirs],
             )
 
+        if self.options.detach:
+            before = len(self.detached)
+            train()
+            if len(self.detached) > before:
+                # The training stage is not done: no marker; the next `pipeline run` follows it.
+                raise Detached(f"{name}: submitted {len(self.detached) - before} training job(s)")
         train_result = stages.run("train", train, force=self.options.force)
         if not seed_dirs:  # skipped: restore from the stage result
             seed_dirs = [Path(p) for p in train_result.outputs["seed_dirs"]]
@@ -359,23 +372,95 @@ class ExperimentFlow:
             tracking_uri=self.tracking_uri, env={"MLFLOW_TRACKING_URI": self.tracking_uri},
         )
         total = spec.total_steps(spec.parallel_layout().dp)
+        running = self._still_running(seed_dir)
+        if self.options.detach:
+            if running is None:
+                from pipelines.resources import ensure_disk_space
+
+                ensure_disk_space(seed_dir, need_gb=checkpoint_gb(spec), what=f"training {spec.name}")
+                running = get_launcher(launcher).submit(job)
+            self.detached.append((spec.name, seed, seed_dir, running.launcher, running.job_id))
+            return seed_dir, False
         done = self.reporter.training(f"{spec.name} seed {seed}", seed_dir, total)
+        stop_live = self._live_comment(spec, seed_dir, total)
         try:
-            outcome = run_with_retries(get_launcher(launcher), job)
+            if running is not None:  # submitted earlier (--detach, or another process): follow it
+                get_launcher(running.launcher).wait(running)
+            if not (seed_dir / "result.json").exists():
+                from pipelines.resources import ensure_disk_space
+
+                ensure_disk_space(seed_dir, need_gb=checkpoint_gb(spec), what=f"training {spec.name}")
+                outcome = run_with_retries(get_launcher(launcher), job)
+            else:
+                outcome = None
         except BaseException:
             # Interrupted (Ctrl-C, SIGTERM, an error): stop the job gracefully (it checkpoints
             # on SIGTERM) instead of leaving orphaned training processes behind.
             self._cancel_quietly(seed_dir)
             raise
         finally:
+            stop_live()
             done()
-        state = outcome.state
+        state = outcome.state if outcome is not None else None
         result = read_json(seed_dir / "result.json")
         if not result or result.get("status") != "finished":
             status = result.get("status") if result else "no result.json"
             reason = (result or {}).get("reason") or (result or {}).get("message") or getattr(state, "detail", "")
             raise TrainingError(f"training {spec.name} seed {seed} ended '{status}': {reason} (logs: {seed_dir / 'logs'})")
         return seed_dir, False
+
+    @staticmethod
+    def _still_running(seed_dir: Path):
+        """The handle of a job launched earlier for `seed_dir` that has not ended, else None."""
+        from pipelines.launchers import get_launcher, handle_for_run
+
+        if not (seed_dir / "launch.json").exists() or (seed_dir / "result.json").exists():
+            return None
+        try:
+            handle = handle_for_run(seed_dir)
+            state = get_launcher(handle.launcher).poll(handle)
+        except PipelineError:
+            return None
+        return None if state.done else handle
+
+    def _live_comment(self, spec: ExperimentSpec, seed_dir: Path, total: int) -> Callable[[], None]:
+        """While training for a PR, update its sticky comment with step, ETA and live loss."""
+        if not (self.options.pr and os.environ.get("GITHUB_TOKEN") and os.environ.get("GITHUB_REPOSITORY")):
+            return lambda: None
+        import threading
+
+        from pipelines.github.client import GitHubConfig, PyGithubHost
+        from pipelines.github.comment import StickyComment
+        from reports.render import render_status
+
+        config = GitHubConfig.from_env(os.environ["GITHUB_REPOSITORY"])
+        comment = StickyComment.for_experiment(PyGithubHost(config), self.options.pr, spec.name,
+                                               author=config.bot_login)
+        stop = threading.Event()
+        interval = float(os.environ.get("PIPELINE_COMMENT_INTERVAL_S", "60"))
+        started = time.time()
+
+        def follow() -> None:
+            while not stop.wait(interval):
+                step, loss = latest_loss(seed_dir / "metrics.jsonl")
+                if step is None:
+                    continue
+                elapsed = time.time() - started
+                eta = elapsed / step * (total - step) if step else None
+                try:
+                    comment.upsert(render_status("training", experiment=spec.name, step=step, total_steps=total,
+                                                 eta_s=eta, loss=loss), {"stage": "training"})
+                except PipelineError:
+                    pass  # progress is best effort; the final report is what must land
+
+        thread = threading.Thread(target=follow, daemon=True)
+        thread.start()
+
+        def finish() -> None:
+            stop.set()
+            thread.join(timeout=5)
+
+        return finish
 
     @staticmethod
     def _cancel_quietly(seed_dir: Path) -> None:
@@ -473,6 +558,35 @@ class ExperimentFlow:
         path = Path(host.path_of(posted))
         atomic_write_text(report_dir / "comment.md", path.read_text(encoding="utf-8"))
         return report_dir / "comment.md"
+
+
+class Detached(PipelineError):
+    """`--detach`: trainings were submitted and keep running without this process."""
+
+    exit_code = 0
+
+
+def checkpoint_gb(spec: ExperimentSpec) -> float:
+    """Disk a run needs for its checkpoints: (keep_last + best + one being written) x
+    (weights + AdamW states, 16 bytes/parameter), plus 0.5 GB of slack for logs and export."""
+    return (spec.train.keep_last + 2) * 16 * spec.model.parameter_count() / 1e9 + 0.5
+
+
+def latest_loss(metrics: Path) -> tuple[int | None, float | None]:
+    """The last (step, train/loss) in a metrics.jsonl (a torn last line is ignored)."""
+    step = loss = None
+    try:
+        lines = metrics.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        try:
+            point = json.loads(line)
+        except ValueError:
+            continue
+        if point.get("key") == "train/loss":
+            step, loss = int(point["step"]), float(point["value"])
+    return step, loss
 
 
 @contextlib.contextmanager

@@ -211,3 +211,33 @@ def test_two_experiments_at_once_share_one_baseline_training(tmp_path: Path) -> 
         exp = client.get_experiment_by_name(name)
         assert len(client.search_runs([exp.experiment_id])) == expected, name
     assert not list(runs.rglob("*.tmp")), "no temp file may be left behind"
+
+
+def test_detach_submits_and_a_later_run_follows_the_job_to_the_report(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.orchestrate import Detached
+
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(repo / "runs"))
+    (repo / "experiments" / "tiny-detach.yaml").write_text(CANDIDATE.format(name="tiny-detach", lr=0.008))
+    uri = f"sqlite:///{repo / 'mlflow.db'}"
+    flow = ExperimentFlow(repo, RunOptions(tracking_uri=uri, smoke=False, detach=True), Recorder())
+    with pytest.raises(Detached):
+        flow.run(repo / "experiments" / "tiny-detach.yaml")
+    # The candidate is submitted (and the baseline too when it has no finished run yet).
+    submitted = {name: (seed, seed_dir, kind, job_id) for name, seed, seed_dir, kind, job_id in flow.detached}
+    seed, seed_dir, kind, job_id = submitted["tiny-detach"]
+    assert (seed, kind) == (1234, "local") and job_id
+    assert (seed_dir / "launch.json").exists()
+    assert not (seed_dir.parent.parent / "stages" / "train.json").exists()  # not done yet: no marker
+
+    rec = Recorder()
+    candidate, _ = ExperimentFlow(repo, RunOptions(tracking_uri=uri, smoke=False), rec).run(
+        repo / "experiments" / "tiny-detach.yaml")
+    assert candidate.seed_dirs == [seed_dir]
+    assert read_json(seed_dir / "result.json")["status"] == "finished"
+    assert (candidate.report_dir / "report.md").exists()
+    # Followed, not launched a second time: one MLflow run for the experiment.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("tiny-detach")
+    assert len(client.search_runs([exp.experiment_id])) == 1
