@@ -495,7 +495,7 @@ class ExperimentFlow:
         out_dir = candidate.run_dir / "report"
         report = build_report(
             candidate_dirs=candidate.seed_dirs,
-            baseline_dirs=baseline.seed_dirs if baseline else [],
+            baseline_dirs=baseline.seed_dirs if baseline else self._champion_records(candidate.spec),
             spec=candidate.spec,
             out_dir=out_dir,
             mlflow_url=os.environ.get("PIPELINE_MLFLOW_PUBLIC_URL"),
@@ -526,6 +526,26 @@ class ExperimentFlow:
             return client
         except Exception:  # unreachable server: the local report is the source of truth
             return None
+
+    def _champion_records(self, spec: ExperimentSpec) -> list:
+        """The promoted model's training run (registry alias `champion`) as the baseline, when
+        the hypothesis names `champion` and the registry has one; [] otherwise (the report then
+        says there is no baseline run)."""
+        if spec.hypothesis.baseline != "champion":
+            return []
+        client = self._mlflow_client()
+        if client is None:
+            return []
+        from reports.records import records_from_mlflow
+
+        name = os.environ.get("PIPELINE_REGISTRY_MODEL", "gitops-train")
+        try:
+            version = client.get_model_version_by_alias(name, "champion")
+            run = client.get_run(version.run_id)
+            experiment = client.get_experiment(run.info.experiment_id).name
+            return records_from_mlflow(client, experiment, f"attributes.run_id = '{version.run_id}'")
+        except Exception:  # no registered model or alias yet: nothing to compare against
+            return []
 
     def _tag_verdict(self, candidate: ExperimentResult, outcome: str | None) -> None:
         """Record the verdict on every candidate MLflow run: promotion reads it from there."""
