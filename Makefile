@@ -5,6 +5,8 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # The CPU wheel of torch 2.13.0 (a GPU runner sets TORCH_SPEC to its CUDA build).
 TORCH_SPEC ?= torch==2.13.0
+# The example `make demo` runs end to end (with its baseline).
+EXPERIMENT ?= higher-lr
 export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 export TOKENIZERS_PARALLELISM := false
@@ -25,7 +27,7 @@ $(STAMP): pyproject.toml constraints/constraints.txt
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/pipeline demo
+	$(BIN)/pipeline demo --experiment $(EXPERIMENT)
 
 test: setup
 	$(BIN)/python -m pytest -q
