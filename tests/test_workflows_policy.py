@@ -261,3 +261,17 @@ jobs:
     safe = base.replace("RUN", 'env:\n          BODY: ${{ github.event.comment.body }}\n        run: echo "$BODY"')
     assert any("interpolated into run" in p for p in policy_violations("x", unsafe))
     assert policy_violations("x", safe) == []
+
+
+@pytest.mark.unit
+def test_cancel_joins_the_train_jobs_concurrency_group_without_any_permission() -> None:
+    """`/cancel` works by entering the running train job's concurrency group with
+    cancel-in-progress; the cancel job itself needs no token and no self-hosted runner."""
+    import yaml as _yaml
+
+    wf = _yaml.safe_load((Path(__file__).resolve().parents[1] / ".github/workflows/experiment-train.yml").read_text())
+    cancel, train = wf["jobs"]["cancel"], wf["jobs"]["train"]
+    assert cancel["concurrency"]["group"] == train["concurrency"]["group"]
+    assert cancel["concurrency"]["cancel-in-progress"] is True and train["concurrency"]["cancel-in-progress"] is False
+    assert cancel["permissions"] == {} and cancel["runs-on"] == "ubuntu-latest"
+    assert "needs.authorize.outputs.action == 'cancel'" in cancel["if"]

@@ -246,3 +246,17 @@ def test_plain_comments_do_not_even_start_the_authorize_job(tmp_path: Path) -> N
         results = flow.runner.run_workflow("experiment-train.yml", "issue_comment", comment, sha=flow.main_sha)
     assert results["authorize"].result == "skipped"
     assert results["train"].result == "skipped"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_cancel_from_a_writer_runs_the_cancel_job_and_launches_nothing(flow: Flow) -> None:
+    comment = fixture("issue_comment")
+    comment["issue"]["number"] = PR
+    comment["comment"]["body"] = "/cancel"
+    results = flow.runner.run_workflow("experiment-train.yml", "issue_comment", comment, sha=flow.main_sha,
+                                       only={"authorize", "cancel", "train"})
+    assert results["authorize"].outputs.get("action") == "cancel", explain(results)
+    assert results["authorize"].outputs.get("launch") == "false", explain(results)
+    assert results["cancel"].result == "success", explain(results)
+    assert results["train"].result == "skipped", explain(results)
