@@ -1,8 +1,11 @@
 """Candidate vs baseline, paired by seed (pure: records in, `Comparison` out).
 
 Candidate and baseline run on the same seeds, so seed-to-seed noise common to both
-cancels in the per-seed difference; the confidence interval is the t-interval of the
-paired differences (`scipy.stats.t`), available from two paired seeds on.
+cancels in the per-seed difference. Relative changes are per seed, each against its own
+seed's baseline ((c_i - b_i) / |b_i|), and `Δ %` is their mean: the quantity the verdict
+tests. Intervals are two-sided t-intervals (`scipy.stats.t`) at the verdict's level,
+1 - 2 alpha, whose ends are exactly the verdict's one-sided (1 - alpha) bounds; available
+from two paired seeds on.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class HypothesisView:
     statement: str = ""
     baseline: str = ""
     seeds: int = 1
+    alpha_override: str = ""
+    """Why alpha exceeds the 0.1 limit (shown in the comment); empty when it does not."""
 
     @classmethod
     def of(cls, hypothesis: Any) -> HypothesisView:
@@ -52,7 +57,13 @@ class HypothesisView:
             statement=str(get("statement", "") or ""),
             baseline=str(get("baseline", "") or ""),
             seeds=int(get("seeds", 1) or 1),
+            alpha_override=str(get("alpha_override", "") or ""),
         )
+
+    def registered_fields(self) -> dict[str, Any]:
+        """What preregistration freezes (the statement's wording is not a change of hypothesis)."""
+        return {"metric": self.metric, "direction": self.direction, "min_effect": self.min_effect,
+                "alpha": self.alpha, "seeds": self.seeds, "baseline": self.baseline}
 
 
 @dataclass(frozen=True)
@@ -71,19 +82,24 @@ class MetricComparison:
     baseline: float
     delta: float
     delta_pct: float | None
-    """100 * delta / |baseline|; None when the baseline is 0."""
+    """Mean per-seed relative change, 100 * mean((c_i - b_i) / |b_i|); None when a baseline value is 0."""
     n: int
     ci_low: float | None = None
     ci_high: float | None = None
-    """95 % t-interval of the mean paired difference (absolute units); None below 2 pairs."""
+    """`confidence` t-interval of the mean paired difference (absolute units); None below 2 pairs."""
     differences: tuple[float, ...] = ()
+    relative: tuple[float, ...] = ()
+    """Per-seed relative changes (c_i - b_i) / |b_i| (empty when a baseline value is 0)."""
+    confidence: float = CONFIDENCE
+    """Level of the intervals."""
 
     @property
     def ci_pct(self) -> tuple[float, float] | None:
-        if self.ci_low is None or self.ci_high is None or not self.baseline:
+        """`confidence` t-interval of the mean per-seed relative change, in percent."""
+        interval = t_interval(self.relative, self.confidence) if self.relative else None
+        if interval is None:
             return None
-        scale = 100.0 / abs(self.baseline)
-        return self.ci_low * scale, self.ci_high * scale
+        return 100.0 * interval[0], 100.0 * interval[1]
 
 
 @dataclass(frozen=True)
@@ -96,9 +112,19 @@ class Comparison:
     baseline_values: tuple[float, ...] = field(default=())
     """The hypothesis metric over every finished baseline run (paired or not): its seed spread."""
 
+    confidence: float = CONFIDENCE
+    """Level of every interval in `metrics`: 1 - 2 alpha, matching the verdict's one-sided bounds."""
+
     @property
     def primary(self) -> MetricComparison | None:
         return self.metrics.get(self.hypothesis.metric)
+
+    @property
+    def primary_pairs(self) -> list[tuple[float, float]]:
+        """(candidate, baseline) values of the hypothesis metric, per paired seed."""
+        key = self.hypothesis.metric
+        values = [(p.candidate.final_metrics.get(key), p.baseline.final_metrics.get(key)) for p in self.pairs]
+        return [(c, b) for c, b in values if c is not None and b is not None]
 
 
 def t_interval(differences: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
@@ -137,7 +163,7 @@ def pair_by_seed(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord]
     return pairs, lonely_candidates, lonely_baselines
 
 
-def compare_metric(metric: str, pairs: Sequence[SeedPair]) -> MetricComparison | None:
+def compare_metric(metric: str, pairs: Sequence[SeedPair], confidence: float = CONFIDENCE) -> MetricComparison | None:
     values = [(p.candidate.final_metrics.get(metric), p.baseline.final_metrics.get(metric)) for p in pairs]
     values = [(c, b) for c, b in values if c is not None and b is not None]
     if not values:
@@ -146,23 +172,33 @@ def compare_metric(metric: str, pairs: Sequence[SeedPair]) -> MetricComparison |
     base = fmean(b for _, b in values)
     differences = tuple(c - b for c, b in values)
     delta = fmean(differences)
-    interval = t_interval(differences)
+    interval = t_interval(differences, confidence)
+    relative = tuple((c - b) / abs(b) for c, b in values) if all(b != 0 for _, b in values) else ()
     return MetricComparison(
         metric=metric,
         candidate=cand,
         baseline=base,
         delta=delta,
-        delta_pct=100.0 * delta / abs(base) if base else None,
+        delta_pct=100.0 * fmean(relative) if relative else None,
         n=len(values),
         ci_low=interval[0] if interval else None,
         ci_high=interval[1] if interval else None,
         differences=differences,
+        relative=relative,
+        confidence=confidence,
     )
 
 
+def verdict_confidence(alpha: float) -> float:
+    """The two-sided level whose ends are the verdict's one-sided (1 - alpha) bounds."""
+    return 1.0 - 2.0 * alpha
+
+
 def compare(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord], hypothesis: Any) -> Comparison:
-    """Every metric both sides report, over the seeds both sides finished."""
+    """Every metric both sides report, over the seeds both sides finished, with intervals
+    at the verdict's level (1 - 2 alpha)."""
     view = HypothesisView.of(hypothesis)
+    confidence = verdict_confidence(view.alpha)
     pairs, lonely_candidates, lonely_baselines = pair_by_seed(candidates, baselines)
     keys = sorted({k for p in pairs for k in p.candidate.final_metrics} & {k for p in pairs for k in p.baseline.final_metrics})
     keys = [k for k in keys if not k.startswith(("data/mix/", "alerts/"))]  # context, not outcomes
@@ -171,7 +207,7 @@ def compare(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord], hyp
         keys.insert(0, view.metric)
     metrics = {}
     for key in keys:
-        result = compare_metric(key, pairs)
+        result = compare_metric(key, pairs, confidence)
         if result is not None:
             metrics[key] = result
     baseline_values = tuple(
@@ -184,4 +220,5 @@ def compare(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord], hyp
         unpaired_candidate_seeds=tuple(lonely_candidates),
         unpaired_baseline_seeds=tuple(lonely_baselines),
         baseline_values=baseline_values,
+        confidence=confidence,
     )

@@ -49,6 +49,9 @@ def load_hypothesis(spec_path: str | Path) -> dict[str, Any]:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise UsageError(f"{path}: not valid JSON ({exc.msg})") from exc
+        from validation.resolved import spec_section  # a resolved experiment or a bare spec
+
+        data = spec_section(data)
         hypothesis = data.get("hypothesis") if isinstance(data, dict) else None
         if not isinstance(hypothesis, dict):
             raise UsageError(f"{path}: has no hypothesis section")
@@ -93,8 +96,16 @@ def report_result(report: Report, markdown: str, plots: Sequence[str]) -> dict[s
         "verdict": {
             "outcome": v.outcome, "reason": v.reason, "metric": v.metric, "n_pairs": v.n_pairs,
             "effect": v.effect, "effect_ci": v.effect_ci, "p_value": v.p_value,
-            "seeds_needed": v.seeds_needed, "baseline_sd": v.baseline_sd,
+            "seeds_needed": v.seeds_needed, "baseline_sd": v.baseline_sd, "rule": v.rule, "alpha": v.alpha,
+            "diverged_at_step": v.diverged_at_step,
         },
+        "interval_level": report.comparison.confidence,
+        "hypothesis_changes": list(report.hypothesis_changes),
+        "current_hypothesis": asdict(report.current_hypothesis) if report.current_hypothesis else None,
+        "added_seeds": list(report.added_seeds),
+        "exploratory": ({"outcome": report.exploratory.outcome, "effect": report.exploratory.effect,
+                         "effect_ci": report.exploratory.effect_ci, "n_pairs": report.exploratory.n_pairs}
+                        if report.exploratory else None),
         "metrics": {
             k: {"candidate": m.candidate, "baseline": m.baseline, "delta": m.delta, "delta_pct": m.delta_pct,
                 "ci_low": m.ci_low, "ci_high": m.ci_high, "n": m.n}

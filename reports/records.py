@@ -90,6 +90,11 @@ class RunRecord:
     mlflow_url: str | None = None
     hypothesis: dict[str, Any] | None = None
     """The run's own `hypothesis` section, if its spec had one."""
+    diverged_at_step: int | None = None
+    """For status `diverged`: the step at which the trainer declared divergence."""
+    registrations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """experiment name -> its preregistered hypothesis (`hypothesis.registered.json`, see
+    `reports.prereg`): what the hypothesis was when this run's training started."""
 
     @property
     def env_fingerprint(self) -> str | None:
@@ -317,7 +322,9 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
     if not isinstance(result, dict):
         raise UsageError(f"{result_path}: expected a JSON object")
     identity = _read_json(run_dir / "identity.json") if (run_dir / "identity.json").is_file() else {}
-    spec = _read_json(run_dir / "spec.resolved.json") if (run_dir / "spec.resolved.json").is_file() else {}
+    from validation.resolved import spec_section  # the spec part of a resolved experiment
+
+    spec = spec_section(_read_json(run_dir / "spec.resolved.json")) if (run_dir / "spec.resolved.json").is_file() else {}
     params = flatten(spec)
 
     history: dict[str, list[tuple[int, float]]] = {}
@@ -361,6 +368,9 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
         estimate = planned_device_hours(spec)
 
     seed = identity.get("seed", params.get("train.seed"))
+    from reports.prereg import read_registrations
+
+    diverged_at = result.get("diverged_at_step")
     return RunRecord(
         run_id=str(identity.get("run_id") or run_dir.name),
         experiment=str(identity.get("experiment") or spec.get("name") or run_dir.parent.name),
@@ -381,6 +391,8 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
         env=env,
         mlflow_run_id=result.get("mlflow_run_id"),
         hypothesis=spec.get("hypothesis") if isinstance(spec.get("hypothesis"), dict) else None,
+        diverged_at_step=int(diverged_at) if isinstance(diverged_at, int | float) and not isinstance(diverged_at, bool) else None,
+        registrations=read_registrations(run_dir),
     )
 
 

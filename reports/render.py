@@ -22,7 +22,10 @@ from reports.report import ABSENT, Report
 
 GITHUB_COMMENT_LIMIT = 65_536
 MAX_CHART_POINTS = 50
-VERDICT_BADGES = {"supported": ("✅", "Supported"), "refuted": ("❌", "Refuted"), "inconclusive": ("🟡", "Inconclusive")}
+VERDICT_BADGES = {"supported": ("✅", "Supported"), "refuted": ("❌", "Refuted"), "inconclusive": ("🟡", "Inconclusive"),
+                  "identical": ("⚪", "Identical")}
+ALPHA_LIMIT = 0.1
+"""Above this, `hypothesis.alpha` needs `alpha_override` (validation.spec), shown in the headline."""
 KEY_METRICS = ("eval/loss", "eval/bpb", "train/loss", "perf/tokens_per_s", "perf/mfu", "perf/peak_mem_gb")
 CHART_METRICS = ("train/loss", "eval/loss")
 _MERMAID_BLOCK = re.compile(r"^```mermaid\n(.*?)^```$", re.S | re.M)
@@ -144,30 +147,71 @@ def headline(report: Report) -> str:
     v, h = report.verdict, report.hypothesis
     emoji, word = VERDICT_BADGES[v.outcome]
     arrow = "↓" if h.direction == "decrease" else "↑"
+    alpha = f"alpha {h.alpha:g}"
+    if h.alpha > ALPHA_LIMIT:
+        alpha += f" (**above the {ALPHA_LIMIT:g} limit**, override: {escape_text(h.alpha_override) or 'none given'})"
     lines = [
-        f"## {emoji} {word}: `{report.experiment}` vs `{report.baseline_name}`",
+        f"## {emoji} {word}: `{escape_text(report.experiment)}` vs `{escape_text(report.baseline_name)}`",
         "",
+    ]
+    if report.hypothesis_changes:
+        lines += [
+            "> [!CAUTION]",
+            f"> **Hypothesis changed after results:** {escape_text('; '.join(report.hypothesis_changes))}. "
+            "The verdict tests the hypothesis registered when training started.",
+            "",
+        ]
+    p0 = [(run, a) for run, a in report.alerts if a.level == "P0"]
+    if p0:
+        lines += ["> [!CAUTION]"] + [
+            f"> **{escape_text(a.level)} {escape_text(a.kind)}** in `{escape_text(run)}`"
+            f"{f' at step {a.step}' if a.step is not None else ''}: {escape_text(a.message)}" for run, a in p0[:5]
+        ] + [""]
+    lines += [
         f"> **Hypothesis:** {escape_text(h.statement) or '(no statement)'}",
         f"> `{h.metric}` {arrow} {h.direction} by at least {h.min_effect:.1%} "
-        f"· alpha {h.alpha:g} · {h.seeds} seed{'s' if h.seeds != 1 else ''} planned",
+        f"· {alpha} · {h.seeds} seed{'s' if h.seeds != 1 else ''} planned",
         "",
         f"**Verdict:** {escape_text(v.reason)}",
         "",
     ]
+    if v.rule:
+        lines += [f"**Rule:** {escape_text(v.rule)}: supported only if the one-sided {1 - h.alpha:.0%} lower bound "
+                  "of the effect clears min_effect; refuted if the upper bound is below it.", ""]
+    if report.exploratory is not None and report.added_seeds:
+        e = report.exploratory
+        bounds = (f", one-sided bounds [{e.effect_ci[0]:+.2%}, {e.effect_ci[1]:+.2%}]" if e.effect_ci else "")
+        effect = f"{e.effect:+.2%}" if e.effect is not None else "—"
+        lines += [
+            f"**Seeds added after registration** ({', '.join(str(s) for s in report.added_seeds)}): exploratory look "
+            f"over all {e.n_pairs} paired seeds, effect {effect}{bounds}, would read *{e.outcome}*. It decides "
+            "nothing: the registered look spent all of alpha (see `reports/prereg.py`); to decide with more "
+            "seeds, register a new experiment on fresh seeds.",
+            "",
+        ]
+    if report.registration_note:
+        lines += [f"_{escape_text(report.registration_note)}_", ""]
     return "\n".join(lines) + "\n"
 
 
 def metric_table(report: Report, metrics: Sequence[str]) -> str:
-    rows = ["| metric | baseline | candidate | Δ | Δ % | 95 % CI of Δ % | seeds |", "|---|---:|---:|---:|---:|---:|---:|"]
+    level = f"{100 * report.comparison.confidence:.0f} %"
+    rows = [f"| metric | baseline | candidate | Δ | Δ % (mean per seed) | {level} CI of Δ % | seeds |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
     for key in metrics:
         m = report.comparison.metrics.get(key)
         if m is None:
             continue
         ci = m.ci_pct
-        name = f"**`{key}`**" if key == report.hypothesis.metric else f"`{key}`"
+        name = f"**`{key}`**" if key == report.hypothesis.metric else f"`{key}` (exploratory)"
         rows.append(
             f"| {name} | {fmt(m.baseline)} | {fmt(m.candidate)} | {fmt(m.delta)} | {fmt_pct(m.delta_pct)} | "
             f"{f'[{fmt_pct(ci[0])}, {fmt_pct(ci[1])}]' if ci else 'needs ≥ 2 seeds'} | {m.n} |")
+    if any(k != report.hypothesis.metric for k in metrics if k in report.comparison.metrics):
+        rows.append("")
+        rows.append(f"_Intervals are {level} (their ends are the verdict's one-sided {1 - report.hypothesis.alpha:.0%} "
+                    "bounds). Only the bold hypothesis metric is tested; the others are exploratory, not adjusted "
+                    "for multiplicity, and decide nothing._")
     return "\n".join(rows) + "\n"
 
 

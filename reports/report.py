@@ -74,6 +74,15 @@ class Report:
     warnings: tuple[str, ...]
     plots: tuple[str, ...] = field(default=())
     """File names of PNG plots next to report.md."""
+    hypothesis_changes: tuple[str, ...] = ()
+    """Registered fields the spec changed after registration (`direction decrease -> increase`)."""
+    current_hypothesis: HypothesisView | None = None
+    """The spec's hypothesis now, when it differs from the registered one the verdict used."""
+    added_seeds: tuple[int | None, ...] = ()
+    """Candidate seeds outside the registered seed list (an exploratory look, see reports.prereg)."""
+    exploratory: Verdict | None = None
+    """What all paired seeds, added ones included, would say; decides nothing."""
+    registration_note: str = ""
 
     @property
     def hypothesis(self) -> HypothesisView:
@@ -166,8 +175,27 @@ def make_report(
     if hypothesis is None:
         hypothesis = next((r.hypothesis for r in candidates if r.hypothesis), None)
         assert hypothesis is not None, "no hypothesis given and none in the candidate's spec"
-    comparison = compare(candidates, baselines, hypothesis)
-    view = comparison.hypothesis
+    from reports import prereg
+
+    current = HypothesisView.of(hypothesis)
+    name = experiment or candidates[0].experiment
+    entry = prereg.registered_for(candidates, name)
+    view, changed, added, note = current, (), (), ""
+    decided = candidates
+    if entry is not None:
+        view = prereg.registered_view(entry, current)
+        changed = tuple(prereg.changes(view, current))
+        registered_seeds = set(entry.get("seed_list") or [])
+        if registered_seeds:
+            decided = tuple(r for r in candidates if r.seed in registered_seeds)
+            added = tuple(sorted({r.seed for r in candidates if r.seed not in registered_seeds}, key=lambda s: s or 0))
+        if entry.get("results_existed"):
+            note = (f"The hypothesis of `{name}` was registered on {entry.get('registered_at', '?')} when its runs "
+                    "already had results (they were reused from an identical configuration).")
+    comparison = compare(decided, baselines, view)
+    exploratory = None
+    if added:
+        exploratory = verdict(compare(candidates, baselines, view), candidates=candidates, baselines=baselines)
     cand0 = candidates[0]
     base0 = baselines[0] if baselines else None
     data_diff = DataDiff(
@@ -182,7 +210,7 @@ def make_report(
         experiment=experiment or cand0.experiment,
         baseline_name=baseline_name or (base0.experiment if base0 else view.baseline or "baseline"),
         comparison=comparison,
-        verdict=verdict(comparison),
+        verdict=verdict(comparison, candidates=decided, baselines=baselines),
         candidates=candidates,
         baselines=baselines,
         params_diff=params_diff(cand0.params, base0.params) if base0 else (),
@@ -191,4 +219,9 @@ def make_report(
         baseline_summary=summarize(baselines),
         alerts=tuple((r.run_id, a) for r in candidates for a in r.alerts),
         warnings=tuple(_warnings(candidates, baselines, comparison)),
+        hypothesis_changes=changed,
+        current_hypothesis=current if changed else None,
+        added_seeds=added,
+        exploratory=exploratory,
+        registration_note=note,
     )

@@ -1,7 +1,9 @@
 """compare() and verdict() on hand-computed cases (pure; no files, no servers).
 
-The numbers in the comments were worked out by hand: for a t-statistic with 2 degrees
-of freedom the two-sided p-value is 1 - |t| / sqrt(2 + t^2), and t_{0.975, 2} = 4.302653.
+The rule: one-sided paired t-test on per-seed relative differences r_i = s (c_i - b_i) / |b_i|
+against the margin min_effect. Hand values use the closed forms of Student's t with 2
+degrees of freedom: F(t) = 1/2 + t / (2 sqrt(2 + t^2)) and t_p = (2p - 1) / sqrt(2 p (1 - p)),
+so t_{0.95, 2} = 0.9 / sqrt(0.095) = 2.919986.
 """
 
 from __future__ import annotations
@@ -12,17 +14,17 @@ import pytest
 
 from reports.compare import HypothesisView, compare, pair_by_seed
 from reports.records import RunRecord
-from reports.verdict import seeds_needed, verdict
+from reports.verdict import MAX_SEEDS, power, seeds_needed, verdict
 
 pytestmark = pytest.mark.unit
 
-T_975_DF2 = 4.302653
+T_95_DF2 = 0.9 / math.sqrt(0.095)
 
 
 def run(seed: int | None, value: float, *, experiment: str = "cand", metric: str = "eval/loss", status: str = "finished",
-        extra: dict[str, float] | None = None) -> RunRecord:
+        extra: dict[str, float] | None = None, diverged_at_step: int | None = None) -> RunRecord:
     return RunRecord(run_id=f"{experiment}-{seed}", experiment=experiment, seed=seed, status=status,
-                     final_metrics={metric: value, **(extra or {})})
+                     final_metrics={metric: value, **(extra or {})}, diverged_at_step=diverged_at_step)
 
 
 def hyp(**kw) -> HypothesisView:
@@ -31,30 +33,49 @@ def hyp(**kw) -> HypothesisView:
     return HypothesisView(**{**base, **kw})
 
 
-BASE = [run(1, 5.0, experiment="base"), run(2, 5.1, experiment="base"), run(3, 4.9, experiment="base")]  # mean 5, sd 0.1
+FLAT = [run(s, 5.0, experiment="base") for s in (1, 2, 3)]  # every baseline seed 5.0: r_i = (5 - c_i) / 5
+BASE = [run(1, 5.0, experiment="base"), run(2, 5.1, experiment="base"), run(3, 4.9, experiment="base")]  # sd 0.1
 
 
-def sides(candidate_values, baseline=BASE, **kw):
+def sides(candidate_values, baseline=FLAT, **kw):
     cands = [run(s, v) for s, v in zip((1, 2, 3), candidate_values, strict=False)]
     return compare(cands, baseline, hyp(**kw))
 
 
-def test_three_seeds_supported_with_hand_computed_interval_and_p_value():
-    # differences -0.2, -0.22, -0.18: mean -0.2, sd 0.02, t = -17.3205, p = 1 - 17.3205/sqrt(302) = 0.003317
-    comparison = sides([4.8, 4.88, 4.72])
+def test_three_seeds_supported_with_hand_computed_bounds_and_p_value():
+    # r = 0.04, 0.042, 0.038: mean 0.04, sd 0.002; half = 2.919986 * 0.002 / sqrt(3) = 0.0033717
+    comparison = sides([4.8, 4.79, 4.81])
     m = comparison.primary
-    assert m.n == 3 and m.candidate == pytest.approx(4.8) and m.baseline == pytest.approx(5.0)
-    assert m.delta == pytest.approx(-0.2) and m.delta_pct == pytest.approx(-4.0)
-    half = T_975_DF2 * 0.02 / math.sqrt(3)  # 0.049683
-    assert (m.ci_low, m.ci_high) == (pytest.approx(-0.2 - half, abs=1e-6), pytest.approx(-0.2 + half, abs=1e-6))
-    assert m.ci_pct == (pytest.approx(-4.99366, abs=1e-4), pytest.approx(-3.00634, abs=1e-4))
-
+    assert m.n == 3 and m.delta_pct == pytest.approx(-4.0)
     v = verdict(comparison)
     assert v.outcome == "supported", v.reason
     assert v.effect == pytest.approx(0.04)
-    assert v.p_value == pytest.approx(0.003317, abs=2e-6)
-    assert v.effect_ci == (pytest.approx(0.030063, abs=1e-5), pytest.approx(0.049937, abs=1e-5))
-    assert v.reason.startswith("Supported") and "3 seeds" in v.reason
+    half = T_95_DF2 * 0.002 / math.sqrt(3)
+    assert v.effect_ci == (pytest.approx(0.04 - half, abs=1e-9), pytest.approx(0.04 + half, abs=1e-9))
+    # H0 effect <= 0.02: t = 0.02 / (0.002 / sqrt 3) = 17.3205; one-sided p = (1 - t / sqrt(2 + t^2)) / 2
+    t = 0.02 / (0.002 / math.sqrt(3))
+    assert v.p_value == pytest.approx((1 - t / math.sqrt(2 + t * t)) / 2, rel=1e-6)
+    assert v.rule == "one-sided paired t-test on per-seed relative differences, n = 3, alpha = 0.05, margin 2 %"
+    assert v.rule in v.reason and v.reason.startswith("Supported: the lower bound")
+    # the table's interval is the verdict's: 90 % two-sided = the two one-sided 95 % bounds (sign of c - b)
+    assert comparison.confidence == pytest.approx(0.90)
+    assert m.ci_pct == (pytest.approx(-100 * (0.04 + half)), pytest.approx(-100 * (0.04 - half)))
+
+
+def test_an_effect_just_above_min_effect_is_not_supported_while_its_bound_is_below():
+    # r = 0.016, 0.021, 0.026: mean 2.1 % >= 2 %, and a two-sided test against 0 gives p = 0.019
+    # (what the old rule called supported). Lower bound 0.021 - 2.92 * 0.005 / sqrt 3 = 1.257 % < 2 %.
+    v = verdict(sides([4.92, 4.895, 4.87]))
+    assert v.outcome == "inconclusive", v.reason
+    assert v.effect_ci[0] == pytest.approx(0.021 - T_95_DF2 * 0.005 / math.sqrt(3), abs=1e-9)
+    assert "still contains min_effect 2 %" in v.reason
+    assert v.seeds_needed is not None and v.seeds_needed >= 2 and "paired seeds" in v.reason
+
+
+def test_a_tight_effect_just_above_the_margin_is_supported():
+    v = verdict(sides([4.895, 4.894, 4.896]))  # r = 2.1 %, 2.12 %, 2.08 %: lower bound 2.066 %
+    assert v.outcome == "supported", v.reason
+    assert v.effect_ci[0] > 0.02
 
 
 def test_one_seed_is_never_supported_even_with_a_large_effect():
@@ -67,56 +88,74 @@ def test_one_seed_is_never_supported_even_with_a_large_effect():
     assert v.seeds_needed is None  # one baseline value: no spread to size a study with
 
 
-def test_one_paired_seed_but_baseline_spread_known_says_how_many_seeds():
-    comparison = compare([run(1, 4.0)], BASE, hyp())
-    v = verdict(comparison)
+def test_one_paired_seed_but_baseline_spread_known_sizes_the_study_exactly():
+    v = verdict(compare([run(1, 4.0)], BASE, hyp()))
     assert v.outcome == "inconclusive" and "one seed" in v.reason
-    assert v.seeds_needed == 16 and "16 paired seeds" in v.reason
+    sd = math.sqrt(2) * 0.1 / 5.0  # independent seeds on both sides: sqrt(2) x the relative baseline sd
+    n = seeds_needed(sd, 0.02, 0.05)
+    assert v.seeds_needed == n and f"about {n} paired seeds" in v.reason
+    assert power(n, sd, 0.02, 0.05) >= 0.8 > power(n - 1, sd, 0.02, 0.05)
 
 
 def test_refuted_by_a_significant_effect_the_other_way():
-    v = verdict(sides([5.2, 5.32, 5.08]))  # differences +0.2, +0.22, +0.18 when a decrease was wanted
+    v = verdict(sides([5.2, 5.21, 5.19]))  # r = -0.04, -0.042, -0.038 when a decrease was wanted
     assert v.outcome == "refuted", v.reason
     assert v.effect == pytest.approx(-0.04)
-    assert "other way" in v.reason
+    assert "other way" in v.reason and v.effect_ci[1] < 0
 
 
-def test_refuted_when_the_interval_lies_below_min_effect():
-    # Same 4 % improvement as the supported case, but 10 % was required: upper bound 4.99 % < 10 %.
-    v = verdict(sides([4.8, 4.88, 4.72], min_effect=0.10))
+def test_refuted_when_the_upper_bound_lies_below_min_effect():
+    # Same 4 % improvement as the supported case, but 10 % was required: upper bound 4.34 % < 10 %.
+    v = verdict(sides([4.8, 4.79, 4.81], min_effect=0.10))
     assert v.outcome == "refuted", v.reason
-    assert v.effect_ci[1] == pytest.approx(0.049937, abs=1e-5)
+    assert v.effect_ci[1] == pytest.approx(0.04 + T_95_DF2 * 0.002 / math.sqrt(3), abs=1e-9)
     assert "significantly smaller than min_effect" in v.reason
 
 
-def test_too_noisy_is_inconclusive_and_says_why():
-    # differences -0.3, +0.1, -0.25: mean -0.15, sd 0.217945, t = -1.19208, p = 1 - 1.19208/sqrt(3.42105) = 0.35550
-    v = verdict(sides([4.7, 5.2, 4.65]))
+def test_zero_spread_does_not_invent_significance():
+    # Every seed exactly 1 % better (relative, up to float rounding): a t-test would divide by ~0.
+    v = verdict(compare([run(s, b * 0.99) for s, b in ((1, 5.0), (2, 5.1), (3, 4.9))], BASE, hyp(min_effect=0.005)))
+    assert v.outcome == "inconclusive", v.reason
+    assert "zero spread" in v.reason and v.p_value is None
+    # the A/A case: identical values give effect 0 with zero spread, not "significantly refuted, p = 1"
+    aa = verdict(compare([run(s, b) for s, b in ((1, 5.0), (2, 5.1), (3, 4.9))], BASE, hyp()))
+    assert aa.outcome == "inconclusive" and "zero spread" in aa.reason
+
+
+def test_seeds_hint_beyond_the_schema_maximum_says_so_plainly():
+    # r = 0.01, 0.03, 0.05 then scaled noise: sd 10 % of the metric for a 2 % margin
+    v = verdict(sides([4.5, 5.0, 5.5]))
     assert v.outcome == "inconclusive"
-    assert "too noisy" in v.reason
-    assert v.p_value == pytest.approx(0.35550, abs=1e-4)
-    half = T_975_DF2 * 0.217945 / math.sqrt(3) / 5.0
-    assert v.effect_ci == (pytest.approx(0.03 - half, abs=1e-5), pytest.approx(0.03 + half, abs=1e-5))
-    assert v.seeds_needed == 16 and "16 paired seeds" in v.reason
+    assert v.seeds_needed is None or v.seeds_needed > MAX_SEEDS
+    assert f"more than the schema's maximum of {MAX_SEEDS}" in v.reason and "cannot decide" in v.reason
+
+
+def test_diverged_candidate_is_refuted_with_the_step():
+    cands = [run(1, 4.8), run(2, float("nan"), status="diverged", diverged_at_step=37), run(3, 4.8)]
+    v = verdict(compare(cands, FLAT, hyp()), candidates=cands, baselines=FLAT)
+    assert v.outcome == "refuted" and v.diverged_at_step == 37
+    assert v.reason.startswith("Refuted: candidate diverged at step 37")
 
 
 def test_increase_direction_is_supported_on_throughput():
     metric = "perf/tokens_per_s"
     base = [run(s, v, experiment="base", metric=metric) for s, v in ((1, 1000.0), (2, 1010.0), (3, 990.0))]
-    cands = [run(s, v, metric=metric) for s, v in ((1, 1100.0), (2, 1112.0), (3, 1088.0))]
+    cands = [run(s, v, metric=metric) for s, v in ((1, 1100.0), (2, 1121.1), (3, 1079.1))]  # +10, +11, +9 %
     v = verdict(compare(cands, base, hyp(metric=metric, direction="increase", min_effect=0.05)))
     assert v.outcome == "supported", v.reason
-    assert v.effect == pytest.approx(0.10)
+    assert v.effect == pytest.approx(0.10)  # (10 + 11 + 9) / 3
 
 
-def test_seeds_needed_formula_by_hand():
-    # sigma_d = sqrt(2) * 0.1; delta = 0.02 * 5 = 0.1; (1.959964 + 0.841621)^2 * 2 = 15.6978 -> 16
-    assert seeds_needed(0.1, 5.0, 0.02, 0.05) == 16
-    # alpha 0.01: (2.575829 + 0.841621)^2 * 2 = 23.3555 -> 24
-    assert seeds_needed(0.1, 5.0, 0.02, 0.01) == 24
-    # a tiny spread still needs two seeds for a paired test at all
-    assert seeds_needed(1e-6, 5.0, 0.02, 0.05) == 2
-    assert seeds_needed(0.0, 5.0, 0.02, 0.05) == 2
+def test_seeds_needed_is_the_smallest_n_with_exact_power():
+    for sd in (0.005, 0.01, 0.02, 0.03):
+        n = seeds_needed(sd, 0.02, 0.05)
+        assert n is not None and n >= 2
+        assert power(n, sd, 0.02, 0.05) >= 0.8
+        assert n == 2 or power(n - 1, sd, 0.02, 0.05) < 0.8
+    assert seeds_needed(0.0, 0.02, 0.05) == 2
+    assert seeds_needed(10.0, 0.001, 0.05) is None  # beyond the search limit: "far more"
+    # more noise, smaller alpha -> more seeds
+    assert seeds_needed(0.02, 0.02, 0.01) > seeds_needed(0.02, 0.02, 0.05) > seeds_needed(0.01, 0.02, 0.05)
 
 
 def test_pairing_by_seed_skips_unfinished_and_unpaired_runs():
@@ -134,12 +173,6 @@ def test_pairing_by_seed_skips_unfinished_and_unpaired_runs():
 def test_no_shared_seed_is_inconclusive():
     v = verdict(compare([run(7, 4.0)], [run(8, 5.0, experiment="base")], hyp()))
     assert v.outcome == "inconclusive" and "share a seed" in v.reason
-
-
-def test_identical_differences_are_significant_without_nan():
-    v = verdict(sides([4.8, 4.9, 4.7]))  # every difference exactly -0.2 (up to float rounding)
-    assert v.outcome == "supported", v.reason
-    assert v.p_value is not None and v.p_value < 0.05
 
 
 def test_all_metrics_are_compared_with_the_hypothesis_metric_first():
@@ -177,8 +210,10 @@ def test_verdict_outcomes_always_match_their_definitions(pairs, direction, min_e
     if len(pairs) == 1:
         assert v.outcome == "inconclusive" and "one seed" in v.reason
     if v.outcome == "supported":
-        assert v.effect >= min_effect and v.p_value < alpha
+        assert v.effect_ci[0] > min_effect and v.p_value < alpha
     if v.outcome == "refuted":
-        assert (v.p_value < alpha and v.effect < 0) or v.effect_ci[1] < min_effect
+        assert v.effect_ci[1] < min_effect
+    if v.outcome != "inconclusive":
+        assert v.rule and f"n = {len(pairs)}" in v.rule
     if v.seeds_needed is not None:
         assert v.seeds_needed >= 2
