@@ -121,19 +121,23 @@ def _sum(values: Sequence[float | None]) -> float | None:
     return sum(known) if known else None
 
 
-def summarize(runs: Sequence[RunRecord]) -> SideSummary:
+def summarize(runs: Sequence[RunRecord], charge_for: str | None = None) -> SideSummary:
+    """Means over finished runs; device-hours summed over the runs `charge_for` caused (its
+    own training; a run reused from another experiment with the same identity cost it nothing)."""
     done = [r for r in runs if r.status == "finished"] or list(runs)
+    charged = [r for r in runs if charge_for is None or r.experiment == charge_for]
     return SideSummary(
         runs=len(runs),
-        device_hours=_sum([r.cost.device_hours for r in runs]),
-        estimate_device_hours=_sum([r.cost.estimate_device_hours for r in runs]),
+        device_hours=_sum([r.cost.device_hours for r in charged]) if charged else (0.0 if runs else None),
+        estimate_device_hours=_sum([r.cost.estimate_device_hours for r in charged]),
         tokens_per_s=_mean([r.perf.tokens_per_s for r in done]),
         mfu=_mean([r.perf.mfu for r in done]),
         peak_mem_gb=max((r.perf.peak_mem_gb for r in done if r.perf.peak_mem_gb is not None), default=None),
     )
 
 
-def _warnings(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord], comparison: Comparison) -> list[str]:
+def _warnings(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord], comparison: Comparison,
+              name: str) -> list[str]:
     warnings = []
     cand_trainer = {r.trainer_version for r in candidates if r.trainer_version}
     base_trainer = {r.trainer_version for r in baselines if r.trainer_version}
@@ -156,6 +160,9 @@ def _warnings(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord], c
             f"Unpaired seeds left out: candidate {list(comparison.unpaired_candidate_seeds)}, "
             f"baseline {list(comparison.unpaired_baseline_seeds)}.")
     h = comparison.hypothesis
+    reused = sorted({r.experiment for r in candidates if r.experiment != name})
+    if reused:
+        warnings.append(f"Reused runs trained for {', '.join(reused)} (same identity): not charged to `{name}`.")
     if comparison.primary and comparison.primary.n < h.seeds:
         warnings.append(f"Only {comparison.primary.n} of the {h.seeds} planned seeds could be paired.")
     return warnings
@@ -207,7 +214,7 @@ def make_report(
         baseline_checks=(base0.data.checks_passed, base0.data.checks_failed) if base0 else (None, ()),
     )
     return Report(
-        experiment=experiment or cand0.experiment,
+        experiment=name,
         baseline_name=baseline_name or (base0.experiment if base0 else view.baseline or "baseline"),
         comparison=comparison,
         verdict=verdict(comparison, candidates=decided, baselines=baselines),
@@ -215,10 +222,10 @@ def make_report(
         baselines=baselines,
         params_diff=params_diff(cand0.params, base0.params) if base0 else (),
         data_diff=data_diff,
-        candidate_summary=summarize(candidates),
+        candidate_summary=summarize(candidates, charge_for=name),
         baseline_summary=summarize(baselines),
         alerts=tuple((r.run_id, a) for r in candidates for a in r.alerts),
-        warnings=tuple(_warnings(candidates, baselines, comparison)),
+        warnings=tuple(_warnings(candidates, baselines, comparison, name)),
         hypothesis_changes=changed,
         current_hypothesis=current if changed else None,
         added_seeds=added,

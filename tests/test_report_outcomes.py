@@ -1,0 +1,166 @@
+"""Outcomes beyond the t-test: preregistered hypotheses, seeds added later, diverged
+candidates, NaN metrics, alpha limits, and the A/A (identical candidate) flow.
+
+Run directories are written in the trainer's format by `tests/test_report_records.write_run`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from reports import build_report
+from reports.prereg import REGISTRATION_FILE, read_registrations, register_hypothesis
+from tests.test_report_records import SPEC, write_run
+
+SEEDS = (1234, 1235, 1236)
+
+
+def _pair(tmp_path: Path, cand_losses, base_losses, seeds=SEEDS):
+    cands = [write_run(tmp_path / "c", "higher-lr", s, final_loss=v, lr=6e-3, check_ok=None) for s, v in zip(seeds, cand_losses, strict=True)]
+    bases = [write_run(tmp_path / "b", "base", s, final_loss=v, lr=3e-3, check_ok=None) for s, v in zip(seeds, base_losses, strict=True)]
+    return cands, bases
+
+
+# --------------------------------------------------------------------------- preregistration
+
+
+@pytest.mark.unit
+def test_registration_is_frozen_first_wins(tmp_path):
+    first = register_hypothesis(tmp_path, "higher-lr", SPEC["hypothesis"], [1, 2, 3])
+    again = register_hypothesis(tmp_path, "higher-lr", {**SPEC["hypothesis"], "direction": "increase"}, [1, 2, 3, 4])
+    assert again == first and first["hypothesis"]["direction"] == "decrease" and first["seed_list"] == [1, 2, 3]
+    other = register_hypothesis(tmp_path, "other", SPEC["hypothesis"], [1], results_existed=True)
+    assert set(read_registrations(tmp_path)) == {"higher-lr", "other"} and other["results_existed"] is True
+
+
+@pytest.mark.unit
+def test_the_verdict_uses_the_registered_hypothesis_and_shows_the_change(tmp_path):
+    # The candidate is ~4 % *lower*: refuted for "increase", supported for the registered "decrease".
+    cands, bases = _pair(tmp_path, (3.00, 3.01, 2.99), (3.13, 3.135, 3.115))
+    for d in cands:
+        register_hypothesis(d, "higher-lr", SPEC["hypothesis"], list(SEEDS))
+    edited = {**SPEC["hypothesis"], "direction": "increase"}
+    built = build_report(cands, bases, hypothesis=edited, out_dir=tmp_path / "out", env={})
+    assert built.verdict.outcome == "supported", built.verdict.reason
+    assert built.report.hypothesis.direction == "decrease"
+    assert "Hypothesis changed after results:** direction decrease -&gt; increase" in built.markdown
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["hypothesis_changes"] == ["direction decrease -> increase"]
+    assert result["current_hypothesis"]["direction"] == "increase"
+    # Without a registration the edited hypothesis would decide (what happened before).
+    for d in cands:
+        (d / REGISTRATION_FILE).unlink()
+    assert build_report(cands, bases, hypothesis=edited, out_dir=tmp_path / "out2", env={}).verdict.outcome == "refuted"
+
+
+@pytest.mark.unit
+def test_seeds_added_after_registration_are_an_exploratory_look(tmp_path):
+    seeds = (1, 2, 3, 4, 5)
+    # Registered seeds 1-3 are inconclusive (noisy); with 4 and 5 added the interval would clear 2 %.
+    cands, bases = _pair(tmp_path, (3.00, 2.80, 3.04, 2.90, 2.905), (3.1, 3.1, 3.1, 3.1, 3.1), seeds)
+    for d in cands:
+        register_hypothesis(d, "higher-lr", SPEC["hypothesis"], [1, 2, 3])
+    built = build_report(cands, bases, hypothesis={**SPEC["hypothesis"], "seeds": 5}, out_dir=tmp_path / "out", env={})
+    v = built.verdict
+    assert v.n_pairs == 3 and v.outcome == "inconclusive", v.reason
+    assert built.report.added_seeds == (4, 5)
+    assert built.report.exploratory is not None and built.report.exploratory.n_pairs == 5
+    assert "Seeds added after registration** (4, 5)" in built.markdown and "decides nothing" in built.markdown
+    assert "seeds 3 -&gt; 5" in built.markdown
+
+
+# --------------------------------------------------------------------------- divergence and NaN
+
+
+@pytest.mark.unit
+def test_a_diverged_candidate_is_refuted_with_the_step_the_alert_on_top_and_the_curve(tmp_path):
+    cands, bases = _pair(tmp_path, (3.0, 3.0, 3.0), (3.1, 3.12, 3.08))
+    broken = cands[1]
+    result = json.loads((broken / "result.json").read_text())
+    result.update(status="diverged", diverged_at_step=40, final_metrics={"eval/loss": float("nan"), "train/loss": 34.0})
+    (broken / "result.json").write_text(json.dumps(result))  # NaN is what json writes for float('nan')
+    (broken / "alerts.jsonl").write_text(json.dumps(
+        {"level": "P0", "kind": "divergence", "message": "loss 34.0 above ln(vocab) + 1", "step": 40}) + "\n")
+    built = build_report(cands, bases, out_dir=tmp_path / "out", env={})
+    assert built.verdict.outcome == "refuted"
+    assert built.verdict.reason.startswith("Refuted: candidate diverged at step 40")
+    md = built.markdown
+    assert md.index("P0 divergence") < md.index("**Verdict:**")  # the alert is at the top
+    assert "```mermaid" in md  # the curves
+    assert json.loads((tmp_path / "out" / "result.json").read_text())["verdict"]["diverged_at_step"] == 40
+
+
+@pytest.mark.e2e
+def test_a_nan_metric_never_aborts_orchestration(tmp_path):
+    from pipelines.orchestrate import ExperimentFlow, RunOptions
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+    (tmp_path / "experiments").mkdir()
+    seed_dir = write_run(tmp_path / "runs", "higher-lr", 1, final_loss=3.0, lr=6e-3, check_ok=None)
+    result = json.loads((seed_dir / "result.json").read_text())
+    result.update(status="diverged", diverged_at_step=12, final_metrics={"eval/loss": math.nan, "train/loss": math.inf})
+    (seed_dir / "result.json").write_text(json.dumps(result))
+    from validation.spec import ExperimentSpec
+
+    flow = ExperimentFlow(tmp_path, RunOptions(tracking_uri="file:///nonexistent"))
+    outcome = flow._evaluate(ExperimentSpec.model_validate(SPEC), [seed_dir], tmp_path / "runs")
+    assert outcome.outputs["values"] == {"seed-1": None}
+
+
+# --------------------------------------------------------------------------- limits shown
+
+
+@pytest.mark.unit
+def test_alpha_above_the_limit_is_shown_with_its_override_and_the_table_level_matches(tmp_path):
+    cands, bases = _pair(tmp_path, (3.00, 3.01, 2.99), (3.13, 3.135, 3.115))
+    h = {**SPEC["hypothesis"], "alpha": 0.2, "alpha_override": "exploratory screen, confirmed later"}
+    md = build_report(cands, bases, hypothesis=h, out_dir=tmp_path / "out", env={}).markdown
+    assert "alpha 0.2 (**above the 0.1 limit**, override: exploratory screen, confirmed later)" in md
+    assert "60 % CI of Δ %" in md and "95 % CI" not in md  # 1 - 2 alpha: the verdict's one-sided 80 % bounds
+    assert "(exploratory)" in md and "decide nothing" in md
+    assert "**Rule:** one-sided paired t-test on per-seed relative differences, n = 3, alpha = 0.2, margin 2 %" in md
+
+
+# --------------------------------------------------------------------------- A/A
+
+
+@pytest.mark.e2e
+def test_an_identical_candidate_is_not_trained_judged_tagged_or_charged(tmp_path, monkeypatch):
+    from pipelines.orchestrate import ExperimentFlow, RunOptions
+    from tests.test_orchestrate_e2e import BASE
+    from trainer.data import build_demo_corpus
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "tiny-base.yaml").write_text(BASE)
+    (tmp_path / "experiments" / "tiny-aa.yaml").write_text(
+        "name: tiny-aa\nowner: someone-else\nextends: tiny-base.yaml\nhypothesis:\n"
+        "  statement: The same configuration under another name gives the same held-out loss.\n"
+        "  metric: eval/loss\n  direction: decrease\n  min_effect: 0.01\n  baseline: tiny-base\n")
+    build_demo_corpus(tmp_path / "data" / "demo", max_bytes=150_000)
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    candidate, baseline = ExperimentFlow(tmp_path, RunOptions(tracking_uri=uri)).run(tmp_path / "experiments" / "tiny-aa.yaml")
+
+    assert baseline is None and candidate.verdict == "identical" and candidate.seed_dirs == []
+    assert not list((tmp_path / "runs").glob("*/*/*/train"))  # nothing trained, for either side
+    comment = (candidate.report_dir / "comment.md").read_text()
+    assert "Identical to `tiny-base` (same code, spec and data): nothing to compare" in comment
+    assert "## ⚪ Identical: `tiny-aa` vs `tiny-base`" in comment
+    assert "`name`" in comment and "`owner`" in comment and "`hypothesis.statement`" in comment
+    result = json.loads((candidate.report_dir / "result.json").read_text())
+    assert result["experiment"] == "tiny-aa" and result["verdict"]["outcome"] == "identical"
+    assert result["cost"]["candidate"]["device_hours"] == 0.0
+    assert not (tmp_path / "mlflow.db").exists() or not _verdict_tags(uri)
+
+
+def _verdict_tags(uri: str) -> list[str]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    return [r.data.tags["pipeline.verdict"] for r in runs if "pipeline.verdict" in r.data.tags]
