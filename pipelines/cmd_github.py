@@ -118,13 +118,21 @@ def comment(
         if stage is not None:
             state["stage"] = stage
         use_dry_run = dry_run or not os.environ.get("GITHUB_TOKEN")
+        head: str | None = None
         if use_dry_run:
             host: Any = DryRunCodeHost(out_dir)
             bot = host.bot_login
         else:
             config = _config(repo)
             host, bot = _host(config), config.bot_login
-        posted = StickyComment.for_experiment(host, pr, experiment, author=bot).upsert(body, state)
+            if validated_sha is not None:
+                # validated_sha only ever moves to the PR's current head (asked now, not
+                # taken from the caller): a late run for an older commit cannot move it back.
+                head = host.pull_request(pr).head_sha
+                if head != validated_sha:
+                    typer.echo(f"not recording {validated_sha[:12]} as validated: the head of #{pr} is now "
+                               f"{head[:12]}", err=True)
+        posted = StickyComment.for_experiment(host, pr, experiment, author=bot).upsert(body, state, head_sha=head)
         where = host.path_of(posted) if use_dry_run else f"comment {posted.id}"
         typer.echo(f"{'dry run: ' if use_dry_run else ''}sticky comment for {experiment} on #{pr}: {where}")
 
@@ -164,7 +172,8 @@ def chatops(
 
 def promote(
     event_path: Annotated[Path | None, typer.Option(
-        "--event-path", help="pull_request (closed) payload (default: $GITHUB_EVENT_PATH).")] = None,
+        "--event-path", help="push to the default branch (or a merged pull_request) payload "
+                             "(default: $GITHUB_EVENT_PATH).")] = None,
     tracking_uri: Annotated[str | None, typer.Option(
         "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db).")] = None,
     model_name: Annotated[str, typer.Option(
@@ -179,21 +188,29 @@ def promote(
     """On merge: check the promotion gates and move the MLflow alias `champion`; a refusal says why on the PR."""
 
     def run() -> None:
-        from pipelines.github.events import PullRequestEvent, load_event
-        from pipelines.github.promote import MlflowPromotion, promote_merged
+        from pipelines.github.events import PullRequestEvent, PushEvent, load_event
+        from pipelines.github.promote import MlflowPromotion, promote_merged, promote_push
 
         path = event_path or os.environ.get("GITHUB_EVENT_PATH")
         if not path:
             raise UsageError("no event: pass --event-path or set GITHUB_EVENT_PATH")
         event = load_event(path)
-        if not isinstance(event, PullRequestEvent) or not event.merged:
+        if isinstance(event, PullRequestEvent) and not event.merged:
             typer.echo("nothing to promote: not a merged pull request")
+            return
+        if not isinstance(event, PullRequestEvent | PushEvent):
+            typer.echo(f"nothing to promote: a {event.name} event")
             return
         config = _config(repo, event.repo)
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
         mlflow = MlflowPromotion(uri, model_name)
-        outcomes = promote_merged(event, _host(config), mlflow, mlflow, model_name=model_name,
-                                  required_approvals=required_approvals, bot_login=config.bot_login)
+        kw: dict[str, Any] = dict(model_name=model_name, required_approvals=required_approvals,
+                                  bot_login=config.bot_login)
+        if isinstance(event, PushEvent):
+            # The workflow runs on a push to the default branch: the merged PR comes from the API.
+            outcomes = promote_push(event, _host(config), mlflow, mlflow, default_branch=event.default_branch, **kw)
+        else:
+            outcomes = promote_merged(event, _host(config), mlflow, mlflow, **kw)
         refused = [o for o in outcomes if o.promotion is None]
         for o in outcomes:
             if o.promotion is not None:
@@ -201,7 +218,7 @@ def promote(
             else:
                 typer.echo(f"refused {o.gate.experiment}: {'; '.join(o.gate.reasons)}")
         if not outcomes:
-            typer.echo("nothing to promote: the pull request changes no experiment")
+            typer.echo("nothing to promote: no merged pull request that changes an experiment")
         if refused and strict:
             raise PromotionRefused(f"{len(refused)} experiment(s) not promoted; the PR comment says why")
 

@@ -19,6 +19,13 @@ Only the endpoints the project uses are implemented:
     POST   /repos/{o}/{r}/statuses/{sha}
     GET    /repos/{o}/{r}/actions/runners (paginated)   GET/DELETE .../runners/{id}
     POST   /repos/{o}/{r}/actions/runners/registration-token
+    GET    /repos/{o}/{r}/commits/{sha}/pulls           (the PRs a commit belongs to / was merged by)
+    GET    /repos/{o}/{r}/contents/{path}?ref=          (files of a commit: `add_tree` or a git repo)
+    GET    /repos/{o}/{r}/actions/runs/{id}             (workflow runs: `add_workflow_run`)
+
+Tokens: `token` never expires; `issue_token(ttl)` mints one that answers 401 after `ttl`
+seconds, like a job's GITHUB_TOKEN after its lifetime. `latency` delays every request
+(races between concurrent writers show up the way they do against the real API).
 
 Usage::
 
@@ -33,10 +40,12 @@ Usage::
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
 import secrets
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -86,6 +95,9 @@ class Repo:
     statuses: list[dict[str, Any]] = field(default_factory=list)
     raw: dict[str, Any] | None = None
     next_number: int = 1
+    trees: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    git_dir: str | None = None
+    workflow_runs: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 class GitHubEmulator:
@@ -93,6 +105,8 @@ class GitHubEmulator:
 
     def __init__(self, *, token: str = "emulator-token", bot_login: str = "github-actions[bot]"):
         self.token = token
+        self.tokens: dict[str, float | None] = {token: None}  # token -> expiry (epoch s), None = never
+        self.latency = 0.0
         self.bot_login = bot_login
         self.users: dict[str, dict[str, Any]] = {}
         self.permissions: dict[tuple[str, str], str] = {}
@@ -251,6 +265,32 @@ class GitHubEmulator:
         r.events[number] = []
         return pr
 
+    def issue_token(self, ttl: float | None = None) -> str:
+        """A new valid token; after `ttl` seconds it answers 401 Bad credentials."""
+        token = "ghs_" + secrets.token_hex(18)
+        self.tokens[token] = None if ttl is None else time.time() + ttl
+        return token
+
+    def expire_token(self, token: str) -> None:
+        self.tokens[token] = time.time() - 1
+
+    def add_tree(self, repo: str, sha: str, files: dict[str, str | bytes]) -> None:
+        """The files of commit `sha`, served by the contents API."""
+        self.repos[repo].trees[sha] = {k: v.encode() if isinstance(v, str) else v for k, v in files.items()}
+
+    def serve_git(self, repo: str, git_dir: str) -> None:
+        """Serve the contents API for any commit of this local git repository."""
+        self.repos[repo].git_dir = git_dir
+
+    def add_workflow_run(self, repo: str, run_id: int, *, path: str, event: str, head_sha: str = "0" * 40,
+                         status: str = "completed", conclusion: str | None = "success",
+                         head_branch: str = "main") -> dict[str, Any]:
+        run = {"id": run_id, "path": path, "event": event, "head_sha": head_sha, "status": status,
+               "conclusion": conclusion, "head_branch": head_branch, "created_at": _now_iso(),
+               "name": path.rsplit("/", 1)[-1].rsplit(".", 1)[0]}
+        self.repos[repo].workflow_runs[run_id] = run
+        return run
+
     def add_issue(self, repo: str, *, author: str, title: str = "A question", body: str | None = None) -> int:
         r = self.repos[repo]
         number = r.next_number
@@ -259,16 +299,23 @@ class GitHubEmulator:
                             "created_at": _now_iso()}
         return number
 
-    def push(self, repo: str, number: int, new_sha: str) -> None:
-        """A new commit on the PR's head branch."""
-        pr = self.repos[repo].pulls[number]
+    def push(self, repo: str, number: int, new_sha: str, files: dict[str, str | bytes] | None = None) -> None:
+        """A new commit on the PR's head branch (its tree: the old head's, updated with `files`)."""
+        r = self.repos[repo]
+        pr = r.pulls[number]
+        old_tree = r.trees.get(pr["head"]["sha"])
+        if old_tree is not None or files:
+            self.add_tree(repo, new_sha, {**(old_tree or {}), **(files or {})})
         pr["head"]["sha"] = new_sha
         pr["updated_at"] = _now_iso()
 
-    def merge(self, repo: str, number: int, *, merged_by: str) -> None:
+    def merge(self, repo: str, number: int, *, merged_by: str, merge_commit_sha: str | None = None) -> str:
+        """Merge the PR; returns the merge commit's SHA (what the push to the base branch carries)."""
         pr = self.repos[repo].pulls[number]
+        sha = merge_commit_sha or secrets.token_hex(20)
         pr.update(state="closed", merged=True, merged_by=merged_by, merged_at=_now_iso(), closed_at=_now_iso(),
-                  merge_commit_sha=secrets.token_hex(20))
+                  merge_commit_sha=sha)
+        return sha
 
     def add_review(
         self, repo: str, number: int, *, user: str, state: str = "APPROVED", commit_id: str | None = None,
@@ -746,6 +793,73 @@ def _r_registration_token(em: GitHubEmulator, q: dict, body: Any, owner: str, re
     return 201, {"token": token, "expires_at": expires}, {}
 
 
+def _r_commit_pulls(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: str, sha: str) -> tuple[int, Any, dict]:
+    r = em._repo(owner, repo)
+    found = [pr for pr in r.pulls.values() if sha in (pr.get("merge_commit_sha"), (pr.get("head") or {}).get("sha"))]
+    items, headers = em._paginate(f"/repos/{owner}/{repo}/commits/{sha}/pulls", q,
+                                  [em._pull_json(r, pr) for pr in sorted(found, key=lambda p: p["number"])])
+    return 200, items, headers
+
+
+def _git_tree(r: Repo, ref: str) -> dict[str, bytes] | None:
+    if ref in r.trees:
+        return r.trees[ref]
+    if r.git_dir is None:
+        return None
+    listed = subprocess.run(["git", "-C", r.git_dir, "ls-tree", "-r", "--name-only", ref],
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        return None
+    out = {}
+    for name in listed.stdout.splitlines():
+        shown = subprocess.run(["git", "-C", r.git_dir, "show", f"{ref}:{name}"], capture_output=True)
+        out[name] = shown.stdout
+    r.trees[ref] = out
+    return out
+
+
+def _r_contents(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: str, path: str) -> tuple[int, Any, dict]:
+    r = em._repo(owner, repo)
+    ref = q.get("ref") or "main"
+    tree = _git_tree(r, ref)
+    if tree is None:
+        raise _NotFound()
+    api = f"{em.base_url}/repos/{owner}/{repo}/contents"
+
+    def entry(name: str, kind: str, data: bytes | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": kind, "name": name.rsplit("/", 1)[-1], "path": name,
+                               "sha": format(abs(hash((ref, name))), "040x")[:40], "size": len(data or b""),
+                               "url": f"{api}/{name}?ref={ref}", "html_url": f"{em.base_url}/{owner}/{repo}/blob/{ref}/{name}",
+                               "git_url": None, "download_url": None, "_links": {"self": f"{api}/{name}?ref={ref}"}}
+        if data is not None:
+            out.update(encoding="base64", content=base64.b64encode(data).decode())
+        return out
+
+    path = path.strip("/")
+    if path in tree:
+        return 200, entry(path, "file", tree[path]), {}
+    prefix = path + "/"
+    children: dict[str, str] = {}
+    for name in tree:
+        if name.startswith(prefix):
+            rest = name[len(prefix):]
+            child = rest.split("/", 1)[0]
+            children[prefix + child] = "dir" if "/" in rest else "file"
+    if not children:
+        raise _NotFound()
+    return 200, [entry(name, kind) | ({"size": len(tree[name])} if kind == "file" else {})
+                 for name, kind in sorted(children.items())], {}
+
+
+def _r_workflow_run(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: str, rid: str) -> tuple[int, Any, dict]:
+    r = em._repo(owner, repo)
+    run = r.workflow_runs.get(int(rid))
+    if run is None:
+        raise _NotFound()
+    return 200, {**run, "url": f"{em.base_url}/repos/{owner}/{repo}/actions/runs/{rid}",
+                 "repository": em._repo_json(r)}, {}
+
+
 _O = r"/repos/(?P<owner>[^/]+)/(?P<repo>[^/]+)"
 _ROUTES = [
     (r"/rate_limit", "GET", _r_rate_limit),
@@ -769,6 +883,9 @@ _ROUTES = [
     (_O + r"/actions/runners/(?P<rid>\d+)", "GET", _r_runner),
     (_O + r"/actions/runners/(?P<rid>\d+)", "DELETE", _r_delete_runner),
     (_O + r"/actions/runners/registration-token", "POST", _r_registration_token),
+    (_O + r"/commits/(?P<sha>[0-9a-f]{40})/pulls", "GET", _r_commit_pulls),
+    (_O + r"/contents/(?P<path>.+)", "GET", _r_contents),
+    (_O + r"/actions/runs/(?P<rid>\d+)", "GET", _r_workflow_run),
 ]
 
 
@@ -789,7 +906,11 @@ def _make_handler(em: GitHubEmulator) -> type[BaseHTTPRequestHandler]:
             entry: list[Any] = [method, path, 0]
             em.log.append(entry)
             fault = em._take_fault(method, path)
-            if em.token and auth.split(" ")[-1] != em.token:
+            if em.latency:
+                time.sleep(em.latency)
+            presented = auth.split(" ")[-1]
+            expiry = em.tokens.get(presented, 0.0) if em.token else None
+            if em.token and (presented not in em.tokens or (expiry is not None and expiry < time.time())):
                 entry[2] = 401
                 self._send(401, {"message": "Bad credentials", "documentation_url": "https://docs.github.com/rest"})
                 return
@@ -866,9 +987,25 @@ SHA_A = "a" * 40
 SHA_B = "b" * 40
 
 
+def experiments_tree(files: tuple[str, ...] | list[str]) -> dict[str, bytes]:
+    """A commit's `experiments/` for the contents API: the project's examples, and a valid
+    experiment (the `higher-lr` example renamed) for each `experiments/<name>.yaml` in `files`."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "experiments"
+    tree = {f"experiments/{p.relative_to(root).as_posix()}": p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    example = (root / "higher-lr.yaml").read_text(encoding="utf-8")
+    for f in files:
+        m = re.fullmatch(r"experiments/([a-z0-9][a-z0-9_-]{2,63})\.ya?ml", f)
+        if m:
+            tree[f] = example.replace("name: higher-lr", f"name: {m.group(1)}", 1).encode()
+    return tree
+
+
 def emulated_repo(gh: GitHubEmulator, *, author: str = "dana", head_sha: str = SHA_A,
                   files: tuple[str, ...] = ("experiments/rope-theta.yaml",), head_repo: str | None = None) -> int:
-    """The common scene: repo acme/lab, PR by `author`, a writer `erin`, a reader `frank`, a maintainer `mia`."""
+    """The common scene: repo acme/lab, PR by `author`, a writer `erin`, a reader `frank`, a maintainer `mia`.
+    The head commit's experiment files are valid (served by the contents API)."""
     if REPO not in gh.repos:
         gh.add_repo(REPO)
     gh.set_permission(REPO, author, "write")
@@ -876,6 +1013,8 @@ def emulated_repo(gh: GitHubEmulator, *, author: str = "dana", head_sha: str = S
     gh.set_permission(REPO, "mia", "maintain")
     gh.set_permission(REPO, "frank", "read")
     pr = gh.add_pull(REPO, author=author, head_sha=head_sha, files=list(files), head_repo=head_repo)
+    if head_sha not in gh.repos[REPO].trees:
+        gh.add_tree(REPO, head_sha, experiments_tree(files))
     return pr["number"]
 
 

@@ -137,7 +137,9 @@ def gh() -> Iterator[GitHubEmulator]:
 
 def _validated(gh: GitHubEmulator, n: int, sha: str = SHA_A) -> None:
     host = PyGithubHost(emulator_config(gh))
-    StickyComment.for_experiment(host, n, EXP, author=gh.bot_login).upsert("## awaiting /train", {"validated_sha": sha})
+    # As the trusted comment workflow does: the validated SHA is the PR's current head.
+    StickyComment.for_experiment(host, n, EXP, author=gh.bot_login).upsert("## awaiting /train", {"validated_sha": sha},
+                                                                          head_sha=sha)
 
 
 def _comment(n: int, body: str, author: str = "erin", association: str = "MEMBER", cid: int = 4242) -> CommentEvent:
@@ -175,8 +177,11 @@ def test_reader_is_refused_once_even_when_the_job_reruns(gh: GitHubEmulator) -> 
     host = PyGithubHost(emulator_config(gh))
     assert handle_event(event, host, bot_login=gh.bot_login).action == "refuse"
     assert handle_event(event, host, bot_login=gh.bot_login).action == "refuse"
-    replies = [c for c in gh.comments(REPO, n) if "<!-- gitops-train:reply=4242 -->" in c["body"]]
+    # Another comment from the same stranger: still one reply on the PR, not one per comment.
+    assert handle_event(_comment(n, "/train", author="frank", cid=4300), host, bot_login=gh.bot_login).action == "refuse"
+    replies = [c for c in gh.comments(REPO, n) if "<!-- gitops-train:refused=frank -->" in c["body"]]
     assert len(replies) == 1 and "@frank" in replies[0]["body"] and "write access" in replies[0]["body"]
+    assert len([c for c in gh.comments(REPO, n) if c["user"]["login"] == gh.bot_login]) == 2  # sticky + reply
 
 
 @pytest.mark.integration
@@ -246,3 +251,54 @@ def test_train_label_is_a_train_command_by_whoever_applied_it(gh: GitHubEmulator
     assert handle_event(_labeled(gh, n, "erin", label="bug"), host, bot_login=gh.bot_login).action == "ignore"
     gh.push(REPO, n, SHA_B)  # a newer push: the label alone cannot launch the unvalidated head
     assert handle_event(_labeled(gh, n, "erin"), host, bot_login=gh.bot_login).action == "refuse"
+
+
+# --------------------------------------------------------------------------- issue 14: rendering, re-validation
+
+
+FENCED_AND_HIDDEN = [
+    "````\n```\n/train\n```\n````",  # a fence that contains ``` is still one code block
+    "<!--\n/train\n-->",  # an HTML comment GitHub hides
+    "> quoted text\n/train",  # a lazy continuation of the quote
+    "    /train",  # indented code
+    "- /train",  # a list item
+    "`/train`",  # inline code
+    "Please run\n`x`/train",  # not at the start of a rendered line
+    "see trainer/train.py and https://ci.invalid/runs/1/retry",
+    "/trainer",
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("body", FENCED_AND_HIDDEN)
+def test_commands_only_where_github_renders_a_top_level_paragraph_line(body: str) -> None:
+    assert parse_commands(body) == []
+
+
+@pytest.mark.unit
+def test_commands_github_shows_at_a_line_start_still_count() -> None:
+    assert parse_commands("LGTM, thanks\n/train rope-theta") == [Command("train", "rope-theta")]
+    assert parse_commands("```\ncode\n```\n\n/cancel\r\n") == [Command("cancel")]
+    assert parse_commands("/train `rope-theta`") == [InvalidCommand("train", parse_commands("/train a b")[0].reason)]
+
+
+@pytest.mark.integration
+def test_train_revalidates_the_experiment_files_at_the_sha(gh: GitHubEmulator) -> None:
+    n = emulated_repo(gh)
+    _validated(gh, n)
+    # The PR's own workflow reported success, but the file at the head does not validate.
+    gh.add_tree(REPO, SHA_A, {f"experiments/{EXP}.yaml": b"name: rope-theta\ntrain:\n  lr: -1\n"})
+    d = handle_event(_comment(n, "/train"), PyGithubHost(emulator_config(gh)), bot_login=gh.bot_login)
+    assert d.action == "refuse" and d.reason == "experiment files do not validate at the head"
+    assert any("does not pass `pipeline validate`" in c["body"] for c in gh.comments(REPO, n))
+    assert gh.requests_made("GET", rf"/repos/{REPO}/contents/experiments$")
+
+
+@pytest.mark.integration
+def test_dispatch_without_sha_trains_a_same_repo_pr_at_its_validated_head(gh: GitHubEmulator) -> None:
+    n = emulated_repo(gh)
+    _validated(gh, n)
+    event = WorkflowDispatchEvent(ref="refs/heads/main", inputs={"pr": str(n), "command": "train"}, repo=REPO,
+                                  sender="erin")
+    d = handle_event(event, PyGithubHost(emulator_config(gh)), bot_login=gh.bot_login)
+    assert (d.action, d.sha) == ("launch", SHA_A), d.reason

@@ -42,7 +42,9 @@ def test_created_once_then_edited_in_place(gh: GitHubEmulator) -> None:
     (comment,) = ours(gh, n)
     assert comment["body"].endswith("## training: step 10")
     # Later stages keep what earlier ones recorded.
-    assert parse_state(comment["body"]) == {"validated_sha": "a" * 40, "stage": "training"}
+    state = parse_state(comment["body"])
+    assert state.pop("version") == 2 and len(state.pop("writer")) == 16
+    assert state == {"validated_sha": "a" * 40, "stage": "training"}
     assert len(gh.requests_made("POST", r"/comments$")) == 1
     assert len(gh.comments(REPO, n)) == 2  # the human's comment is untouched
 
@@ -85,7 +87,8 @@ def test_5xx_on_reads_is_retried_by_the_transport(gh: GitHubEmulator) -> None:
     gh.inject("GET", rf"/issues/{n}/comments$", status=503, count=2)
     sticky(gh, n).upsert("## validated")
     assert len(ours(gh, n)) == 1
-    assert [e[2] for e in gh.requests_made("GET", r"/comments$")] == [503, 503, 200]
+    # Then one more read: the write is read back (optimistic concurrency).
+    assert [e[2] for e in gh.requests_made("GET", r"/comments$")] == [503, 503, 200, 200]
 
 
 @pytest.mark.integration

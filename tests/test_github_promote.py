@@ -54,7 +54,9 @@ def test_only_latest_approvals_on_the_final_sha_by_other_writers_count() -> None
     assert counted_approvals(reviews, head_sha=SHA_A, author="dana", permissions=WRITERS) == ("mia",)
     withdrawn = [*reviews, review("mia", "CHANGES_REQUESTED", at="2026-11-29T12:00:00")]
     assert counted_approvals(withdrawn, head_sha=SHA_A, author="dana", permissions=WRITERS) == ()
-    dismissed = [*reviews, review("mia", "DISMISSED", at="2026-11-29T12:00:00")]
+    # GitHub turns a dismissed review's own state into DISMISSED: it no longer counts.
+    dismissed = [r if r.user != "mia" or r.state != "APPROVED" else review("mia", "DISMISSED", at=r.submitted_at)
+                 for r in reviews]
     assert counted_approvals(dismissed, head_sha=SHA_A, author="dana", permissions=WRITERS) == ()
 
 
@@ -83,7 +85,8 @@ def test_gates_list_every_reason() -> None:
     assert any("inconclusive" in r and "promote-override" in r for r in bad.reasons)
     missing = check_gates(experiment=EXP, head_sha=SHA_A, record=None, approvals=("mia",), required_approvals=1,
                           override_by=None)
-    assert missing.reasons == (f"no training run of `{EXP}` on the final head commit `{SHA_A[:12]}`",)
+    assert missing.reasons == (f"no training run of `{EXP}` on the final head commit `{SHA_A[:12]}` made by the "
+                               "train workflow for this pull request",)
     overridden = check_gates(experiment=EXP, head_sha=SHA_A, record=record(verdict="refuted"), approvals=("mia",),
                              required_approvals=1, override_by="erin")
     assert overridden.ok
@@ -109,15 +112,23 @@ def tracking(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
 
 
-def train_run(uri: str, tmp: Path, sha: str, outcome: str | None, status: str = "FINISHED", exp_name: str = EXP) -> str:
-    """A finished run as the trainer and the reporter leave it: identity tags, model/, report/result.json."""
+TRAIN_RUN_ID = 9001  # the train workflow's run that made the MLflow runs (registered in the emulator)
+
+
+def train_run(uri: str, tmp: Path, sha: str, outcome: str | None, status: str = "FINISHED", exp_name: str = EXP,
+              pr: int = 1, run_id: int | None = TRAIN_RUN_ID) -> str:
+    """A finished run as the trainer and the reporter leave it: identity tags, the PR and the
+    train workflow's run id, model/, report/result.json."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(exp_name)
     exp_id = exp.experiment_id if exp else client.create_experiment(exp_name, artifact_location=(tmp / "art").as_uri())
-    run = client.create_run(exp_id, tags={"pipeline.git_sha": sha, "pipeline.dirty": "false",
-                                          "pipeline.experiment": exp_name})
+    tags = {"pipeline.git_sha": sha, "pipeline.dirty": "false", "pipeline.experiment": exp_name,
+            "pipeline.pr": str(pr)}
+    if run_id is not None:
+        tags["pipeline.github_run_id"] = str(run_id)
+    run = client.create_run(exp_id, tags=tags)
     model = tmp / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text("{}")
@@ -139,6 +150,7 @@ def merged_event(n: int) -> PullRequestEvent:
 
 
 def run_promotion(gh: GitHubEmulator, uri: str, n: int, model: str = "lm") -> list:
+    gh.add_workflow_run(REPO, TRAIN_RUN_ID, path=".github/workflows/experiment-train.yml", event="issue_comment")
     ml = MlflowPromotion(uri, model)
     return promote_merged(merged_event(n), PyGithubHost(emulator_config(gh)), ml, ml, model_name=model,
                           required_approvals=1, bot_login=gh.bot_login, sleep=lambda s: None)
@@ -214,7 +226,7 @@ def test_training_on_another_sha_does_not_count(gh: GitHubEmulator, tracking: st
 class Unused:
     """Lookup and registry that must not be reached."""
 
-    def training_record(self, experiment: str, sha: str) -> None:
+    def training_record(self, experiment: str, sha: str, accept: object = None) -> None:
         raise AssertionError("no lookup expected")
 
     def promote(self, record: TrainingRecord, tags: object) -> None:

@@ -8,7 +8,9 @@ Two halves, run on opposite sides of the trust boundary:
 * `verify` runs in the trusted comment job (the default branch's copy): it reads the
   downloaded bundle strictly as data. The PR number must be digits, the head SHA 40
   hex and equal to the workflow run's head SHA, every name an experiment name, every
-  body a plain file under GitHub's comment limit; and the API must confirm that the
+  body a plain UTF-8 file under GitHub's comment limit (65,536 characters) without any
+  `<!-- gitops-train:` marker (state is composed by the trusted side only); and the API
+  must confirm that the
   PR's current head is that commit. Only then are `pr` and `experiments` written to
   $GITHUB_OUTPUT for `pipeline comment`.
 
@@ -33,7 +35,8 @@ from pathlib import Path
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{2,63}$")
 PR_RE = re.compile(r"^[1-9][0-9]{0,8}$")
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
-COMMENT_LIMIT = 65_536
+COMMENT_LIMIT = 65_536  # characters, GitHub's limit for a comment body
+MARKER_RE = re.compile(r"<!--\s*gitops-train", re.I)
 STAGES_IN_ORDER = ("validate", "plan", "data", "data check", "smoke")
 
 
@@ -77,8 +80,18 @@ def read_bundle(bundle: Path, run_head_sha: str) -> VerifiedBundle:
         body = bundle / name / "comment.md"
         if body.is_symlink() or not body.is_file():
             raise BundleRejected(f"{name}/comment.md: missing or not a plain file")
-        if body.stat().st_size > COMMENT_LIMIT:
+        # GitHub's limit counts characters; 4 bytes per character is the most UTF-8 needs.
+        if body.stat().st_size > 4 * COMMENT_LIMIT:
             raise BundleRejected(f"{name}/comment.md: over GitHub's {COMMENT_LIMIT}-character comment limit")
+        try:
+            text = body.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise BundleRejected(f"{name}/comment.md: not UTF-8") from None
+        if len(text) > COMMENT_LIMIT:
+            raise BundleRejected(f"{name}/comment.md: over GitHub's {COMMENT_LIMIT}-character comment limit")
+        # Sticky-comment markers and state are written by the trusted side only.
+        if MARKER_RE.search(text):
+            raise BundleRejected(f"{name}/comment.md: contains a gitops-train marker (only the trusted side writes those)")
     return VerifiedBundle(pr=int(pr_text), head_sha=sha, experiments=list(dict.fromkeys(names)))
 
 
@@ -172,7 +185,10 @@ def render_comment(name: str, stages: dict[str, str], folder: Path) -> str:
     else:
         lines.append("Checks did not pass; see the workflow run's annotations and log.")
     body = "\n".join(lines) + "\n"
-    return body[: COMMENT_LIMIT - 200]
+    # Structural cut (fences and <details> closed, a note at the end); room for the header.
+    from pipelines.github.comment import fit_markdown
+
+    return fit_markdown(body, COMMENT_LIMIT - 200)
 
 
 def render(bundle: Path, stages: dict[str, str]) -> list[Path]:

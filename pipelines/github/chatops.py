@@ -2,8 +2,11 @@
 
 Rules (each one closes a hole that has been used against real projects):
 
-* A command counts only at the start of a line, outside quotes (`> /train`) and code
-  fences; one command per comment, the first one.
+* A command counts only where GitHub renders it as the start of a line of a top-level
+  paragraph: the comment is parsed by cmark-gfm (GitHub's own Markdown engine, through
+  `cmarkgfm`), so code fences of any length, indented code, HTML comments, quotes and
+  their lazy continuation lines, lists and inline code never carry a command. One command
+  per comment, the first one; the line must be exactly `/verb` or `/verb <experiment>`.
 * The optional argument must match the experiment-name pattern; anything else is
   refused. Nothing from a comment, a title or a branch name is ever interpolated into a
   reply, an output or a command: replies are built only from validated names, logins,
@@ -17,19 +20,34 @@ Rules (each one closes a hole that has been used against real projects):
 * PRs from forks: a comment never starts training, whoever writes it. A maintainer
   (role maintain or admin) starts it explicitly by running the train workflow by hand
   (`workflow_dispatch`) with inputs `pr`, `sha` (the head commit they reviewed) and
-  optionally `experiment`; the SHA must still be the PR's head.
+  optionally `experiment`; the SHA must still be the PR's head. For a same-repository PR
+  `sha` may be left out: the current (validated) head is used.
+* Before a launch the experiment files are validated again, by this (default-branch)
+  code, at the exact SHA, read as data through the contents API: the PR's own workflow
+  run decided the "validated" conclusion, and a same-repository PR can edit that workflow.
+* A stranger (no write access) gets one polite reply per pull request, edited in place,
+  however many commands they post.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pipelines.github.client import WRITE_ROLES, CodeHost, Comment, PullRequestInfo, ReviewHost
+from pipelines.github.client import (
+    WRITE_ROLES,
+    CodeHost,
+    Comment,
+    PullRequestInfo,
+    RepoContentHost,
+    ReviewHost,
+)
 from pipelines.github.comment import StickyComment, parse_state
 from pipelines.github.events import CommentEvent, Event, PullRequestEvent, WorkflowDispatchEvent
 from validation.spec import NAME_PATTERN
@@ -37,6 +55,7 @@ from validation.spec import NAME_PATTERN
 VERBS = ("train", "cancel", "retry")
 MAINTAINER_ROLES = frozenset({"admin", "maintain"})
 _COMMAND_LINE = re.compile(r"^/(train|cancel|retry)(?=[ \t]|$)(.*)$")
+_OPAQUE = "\x00"  # stands for text GitHub shows inside code, links, emphasis or raw HTML
 _EXPERIMENT_FILE = re.compile(r"^experiments/([a-z0-9][a-z0-9_-]{2,63})\.ya?ml$")
 _LOGIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?$")
 _SHA = re.compile(r"^[0-9a-f]{40}$")
@@ -80,19 +99,67 @@ class Decision:
         }
 
 
+class _TopLevelText(HTMLParser):
+    """Lines of the top-level paragraphs of cmark-gfm's HTML; text inside any inline element
+    (code, link, emphasis) or raw HTML becomes `_OPAQUE`, so such a line is no command."""
+
+    _VOID = frozenset({"br", "img", "input", "hr", "wbr"})
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.depth = 0
+        self.in_paragraph = False
+        self.inline_depth = 0
+        self.paragraphs: list[list[str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in self._VOID:
+            if self.in_paragraph and tag != "br":
+                self.paragraphs[-1].append(_OPAQUE)
+            return
+        if self.depth == 0 and tag == "p":
+            self.in_paragraph = True
+            self.paragraphs.append([])
+        elif self.in_paragraph:
+            self.inline_depth += 1
+        self.depth += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self._VOID:
+            return
+        self.depth = max(0, self.depth - 1)
+        if self.in_paragraph:
+            if self.depth == 0:
+                self.in_paragraph = False
+                self.inline_depth = 0
+            else:
+                self.inline_depth = max(0, self.inline_depth - 1)
+
+    def handle_data(self, data: str) -> None:
+        if self.in_paragraph:
+            self.paragraphs[-1].append(_OPAQUE if self.inline_depth else data)
+
+    def handle_comment(self, data: str) -> None:  # raw HTML, shown as omitted by GitHub
+        if self.in_paragraph:
+            self.paragraphs[-1].append(_OPAQUE)
+
+
+def command_lines(body: str) -> list[str]:
+    """The lines of `body` that GitHub renders at the start of a line of a top-level paragraph."""
+    import cmarkgfm
+
+    # Safe mode (the default) replaces raw HTML with a comment, as GitHub hides it.
+    html = cmarkgfm.github_flavored_markdown_to_html(body.replace("\r\n", "\n").replace("\r", "\n"))
+    walker = _TopLevelText()
+    walker.feed(html)
+    walker.close()
+    return [line.strip(" \t") for paragraph in walker.paragraphs for line in "".join(paragraph).split("\n")]
+
+
 def parse_commands(body: str) -> list[Command | InvalidCommand]:
-    """Every command line in a comment body (pure)."""
+    """Every command line in a comment body (pure; see the module docstring for the rules)."""
     found: list[Command | InvalidCommand] = []
-    fence: str | None = None
-    for raw in body.splitlines():
-        line = raw.rstrip()
-        stripped = line.lstrip()
-        if stripped.startswith(("```", "~~~")):
-            marker = stripped[:3]
-            fence = None if fence == marker else (fence or marker)
-            continue
-        if fence or line.startswith(">"):
-            continue
+    for line in command_lines(body):
         m = _COMMAND_LINE.match(line)
         if not m:
             continue
@@ -173,6 +240,8 @@ def decide(
             )
         if permission not in MAINTAINER_ROLES:
             return refuse("fork needs a maintainer", "training a fork's pull request needs a maintainer or admin.")
+    if via_dispatch and not dispatch_sha and not pr.is_fork:
+        dispatch_sha = pr.head_sha  # a same-repository PR: its current head (it must still be validated)
     if via_dispatch and dispatch_sha != pr.head_sha:
         return refuse("sha is not the head", f"the given commit is not the head of #{n} any more "
                                              f"(head is `{pr.head_sha[:12]}`); review the new commit and run it again.")
@@ -205,8 +274,35 @@ TRAIN_LABEL = "train"
 """Applying this label to a pull request works like a `/train` comment."""
 
 
-class ChatOpsHost(CodeHost, ReviewHost, Protocol):
-    """The PyGithub adapter implements both."""
+class ChatOpsHost(CodeHost, ReviewHost, RepoContentHost, Protocol):
+    """The PyGithub adapter implements all three."""
+
+
+def revalidate(host: RepoContentHost, sha: str, experiments: Sequence[str]) -> dict[str, int]:
+    """experiment -> number of problems `pipeline validate` (this, the default branch's code)
+    finds in its file at `sha`. The files are read through the API as data, never checked out."""
+    from validation.loader import check_spec
+
+    tree = host.files_at("experiments", sha)
+    problems: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="revalidate-") as tmp:
+        root = Path(tmp)
+        for name, data in tree.items():
+            target = (root / name).resolve()
+            if not name.startswith("experiments/") or root.resolve() not in target.parents:
+                continue  # not a path inside experiments/ (the API never sends one; data is data)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        for exp in experiments:
+            path = next((root / "experiments" / f"{exp}{ext}" for ext in (".yaml", ".yml")
+                         if (root / "experiments" / f"{exp}{ext}").is_file()), None)
+            if path is None:
+                problems[exp] = 1
+                continue
+            _, issues = check_spec(path, repo_root=root)
+            if issues:
+                problems[exp] = len(issues)
+    return problems
 
 
 def handle_event(event: Event, host: ChatOpsHost, *, bot_login: str | None) -> Decision:
@@ -252,8 +348,20 @@ def handle_event(event: Event, host: ChatOpsHost, *, bot_login: str | None) -> D
     validated = validated_shas(comments, experiments_in(pr.files), bot_login)
     decision = decide(command, actor=actor, permission=permission, pr=pr, validated=validated,
                       via_dispatch=via_dispatch, dispatch_sha=sha)
+    if decision.action == "launch":
+        failing = revalidate(host, decision.sha, decision.experiments)
+        if failing:
+            names = ", ".join(f"`{e}`" for e in decision.experiments if e in failing)
+            decision = Decision(
+                "refuse", "experiment files do not validate at the head", pr=number,
+                reply=f"Hi {_hello(actor)}, {names} does not pass `pipeline validate` (the default branch's) at "
+                      f"`{decision.sha[:12]}`. Fix the experiment file and wait for the checks, then comment "
+                      f"`/{command.verb}` again.\n\nNothing was started.")
     if decision.reply and reply_key:
-        # Keyed by the command's comment id: a re-run of the job edits, never duplicates.
+        if decision.reason == "no write access" and _LOGIN.match(actor):
+            # One reply per stranger and PR, edited in place, however many commands they post.
+            reply_key = f"refused={actor}"
+        # Otherwise keyed by the command's comment id: a re-run of the job edits, never duplicates.
         StickyComment(host, number, reply_key, author=bot_login).upsert(decision.reply)
     return decision
 

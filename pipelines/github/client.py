@@ -136,6 +136,36 @@ class ReviewHost(Protocol):
     def label_events(self, number: int) -> list[LabelEvent]: ...
 
 
+class RepoContentHost(Protocol):
+    """Commits and files as data (never checked out): promotion and the /train re-validation."""
+
+    def pulls_for_commit(self, sha: str) -> list[MergedPull]: ...
+
+    def files_at(self, folder: str, ref: str) -> dict[str, bytes]: ...
+
+    def workflow_run(self, run_id: int) -> WorkflowRunInfo | None: ...
+
+
+@dataclass(frozen=True)
+class MergedPull:
+    """A pull request a commit belongs to (`GET /commits/{sha}/pulls`)."""
+
+    number: int
+    merged: bool
+    merge_commit_sha: str
+    base_ref: str
+    state: str
+
+
+@dataclass(frozen=True)
+class WorkflowRunInfo:
+    id: int
+    path: str  # .github/workflows/<file>.yml
+    event: str
+    conclusion: str | None
+    head_branch: str
+
+
 class RunnerHost(Protocol):
     """Self-hosted runner administration."""
 
@@ -421,6 +451,70 @@ class PyGithubHost:
             return out
 
         return self._do(f"list label events of #{number}", call)
+
+    # RepoContentHost --------------------------------------------------------
+
+    def pulls_for_commit(self, sha: str) -> list[MergedPull]:
+        """The pull requests GitHub associates with a commit (for a merge commit: the merged PR)."""
+
+        def call() -> list[MergedPull]:
+            _, data = self.gh.requester.requestJsonAndCheck(
+                "GET", f"{self.repo.url}/commits/{sha}/pulls", parameters={"per_page": 100})
+            out = []
+            for pr in data if isinstance(data, list) else []:
+                out.append(MergedPull(number=int(pr["number"]), merged=bool(pr.get("merged_at")),
+                                      merge_commit_sha=str(pr.get("merge_commit_sha") or ""),
+                                      base_ref=str((pr.get("base") or {}).get("ref") or ""),
+                                      state=str(pr.get("state") or "")))
+            return out
+
+        return self._do(f"list pull requests of commit {sha[:12]}", call)
+
+    def files_at(self, folder: str, ref: str) -> dict[str, bytes]:
+        """Every file under `folder` at commit `ref`, read through the contents API as data."""
+        import base64
+
+        from github import GithubException
+
+        def walk(path: str, out: dict[str, bytes]) -> None:
+            _, data = self.gh.requester.requestJsonAndCheck(
+                "GET", f"{self.repo.url}/contents/{quote(path)}", parameters={"ref": ref})
+            if isinstance(data, dict):
+                if data.get("type") == "file":
+                    out[str(data["path"])] = base64.b64decode(data.get("content") or "")
+                return
+            for item in data:
+                if item.get("type") == "dir":
+                    walk(str(item["path"]), out)
+                elif item.get("type") == "file":
+                    walk(str(item["path"]), out)
+
+        def call() -> dict[str, bytes]:
+            out: dict[str, bytes] = {}
+            try:
+                walk(folder, out)
+            except GithubException as exc:
+                if exc.status != 404:
+                    raise
+            return out
+
+        return self._do(f"read {folder}/ at {ref[:12]}", call)
+
+    def workflow_run(self, run_id: int) -> WorkflowRunInfo | None:
+        from github import GithubException
+
+        def call() -> WorkflowRunInfo | None:
+            try:
+                _, data = self.gh.requester.requestJsonAndCheck("GET", f"{self.repo.url}/actions/runs/{run_id}")
+            except GithubException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return WorkflowRunInfo(id=int(data["id"]), path=str(data.get("path") or ""),
+                                   event=str(data.get("event") or ""), conclusion=data.get("conclusion"),
+                                   head_branch=str(data.get("head_branch") or ""))
+
+        return self._do(f"read workflow run {run_id}", call)
 
     # RunnerHost -------------------------------------------------------------
 

@@ -106,6 +106,7 @@ class PushEvent:
     repo: str
     pusher: str
     head_commit: str | None
+    default_branch: str = "main"
     name: str = "push"
 
 
@@ -264,6 +265,7 @@ def _parse_push(p: dict[str, Any]) -> PushEvent:
         repo=_repo_name(p.get("repository")) or "",
         pusher=_s(_d(p.get("pusher")).get("name")),
         head_commit=head_commit if isinstance(head_commit, str) else None,
+        default_branch=_s(_d(p.get("repository")).get("default_branch")) or "main",
     )
 
 

@@ -8,8 +8,19 @@ For each experiment a merged PR adds or changes, the model is promoted only when
    the author applied the override label (`promote-override`), as the PR's label events
    show (who applied it is asked of the API, not assumed);
 3. at least `required_approvals` approving reviews were submitted *on that SHA* by users
-   with write access who are not the author; each reviewer's latest review counts
-   (a later "changes requested" or a dismissal cancels an approval; plain comments do not).
+   with write access who are not the author, and no such user's review still requests
+   changes. Each reviewer's latest review that carries a decision counts (APPROVED or
+   CHANGES_REQUESTED: plain comments change nothing, dismissed reviews are ignored);
+4. the run was made by the train workflow for this PR: its MLflow tags `pipeline.pr`
+   (this PR) and `pipeline.github_run_id` name a run that the API confirms is
+   `.github/workflows/experiment-train.yml` on the default branch (a comment or a manual
+   dispatch, never the PR's own copy of the workflow). Among those runs on the SHA the
+   latest one with a verdict decides: a later run cannot be cherry-picked past a refutation.
+
+Trigger: a `push` to the default branch (the merge commit). The merged PR is the one
+`GET /commits/{sha}/pulls` reports as merged with that merge commit. Running from `push`
+lets the `promotion` environment allow the default branch only: a `pull_request` run would
+need `refs/pull/<n>/merge`, a ref every open PR has.
 
 Then the run's model is registered (`create_model_version(name, source, run_id)`,
 reused when that run is already a version), the alias `champion` moves to it and the
@@ -33,12 +44,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipelines.github.chatops import experiments_in
-from pipelines.github.client import WRITE_ROLES, CodeHost, LabelEvent, Review, ReviewHost
+from pipelines.github.client import WRITE_ROLES, CodeHost, LabelEvent, RepoContentHost, Review, ReviewHost
 from pipelines.github.comment import StickyComment
-from pipelines.github.events import PullRequestEvent
+from pipelines.github.events import PullRequestEvent, PushEvent
+from validation.spec import CHAMPION  # the alias name: one definition, beside the spec that names it
 
 OVERRIDE_LABEL = "promote-override"
-CHAMPION, PREVIOUS = "champion", "previous-champion"
+TRAIN_WORKFLOW = ".github/workflows/experiment-train.yml"
+# Events whose runs use the default branch's copy of the train workflow (a `pull_request`
+# run, from the `train` label, runs the PR's copy and is not accepted as provenance).
+TRUSTED_TRAIN_EVENTS = frozenset({"issue_comment", "workflow_dispatch"})
+PREVIOUS = "previous-champion"
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -58,6 +74,8 @@ class TrainingRecord:
     gates_passed: bool | None  # explicit gate result when the reporter recorded one
     model_source: str
     hypothesis: str = ""
+    pr: int | None = None
+    workflow_run_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -70,12 +88,27 @@ class GateResult:
 
 
 def latest_reviews(reviews: Iterable[Review]) -> dict[str, Review]:
-    """Each reviewer's latest review that carries a decision (comments do not change it)."""
+    """Each reviewer's latest review that carries a decision: APPROVED or CHANGES_REQUESTED.
+
+    Comments change nothing; a dismissed review (state DISMISSED) is ignored, so a dismissed
+    approval no longer counts and a dismissed change request no longer blocks."""
     latest: dict[str, Review] = {}
     for r in sorted(reviews, key=lambda r: (r.submitted_at, r.id)):
-        if r.state in ("APPROVED", "CHANGES_REQUESTED", "DISMISSED"):
+        if r.state in ("APPROVED", "CHANGES_REQUESTED"):
             latest[r.user] = r
     return latest
+
+
+def outstanding_change_requests(
+    reviews: Iterable[Review], *, author: str, permissions: Mapping[str, str]
+) -> tuple[str, ...]:
+    """Writers (not the author) whose latest decision requests changes, on any commit.
+
+    Like branch protection, only reviews by people with write access block."""
+    return tuple(sorted(
+        user for user, r in latest_reviews(reviews).items()
+        if r.state == "CHANGES_REQUESTED" and user != author and permissions.get(user, "none") in WRITE_ROLES
+    ))
 
 
 def counted_approvals(
@@ -114,12 +147,14 @@ def check_gates(
     approvals: Sequence[str],
     required_approvals: int,
     override_by: str | None,
+    changes_requested: Sequence[str] = (),
 ) -> GateResult:
     """Every reason a promotion is refused (empty = promote)."""
     reasons: list[str] = []
     short = head_sha[:12]
     if record is None:
-        reasons.append(f"no training run of `{experiment}` on the final head commit `{short}`")
+        reasons.append(f"no training run of `{experiment}` on the final head commit `{short}` made by the "
+                       "train workflow for this pull request")
     else:
         if record.status != "FINISHED":
             reasons.append(f"the training run on `{short}` did not finish (status {record.status})")
@@ -133,14 +168,21 @@ def check_gates(
     if len(approvals) < required_approvals:
         reasons.append(f"{len(approvals)} approving review(s) on `{short}` by people with write access other "
                        f"than the author; {required_approvals} required")
+    if changes_requested:
+        reasons.append("changes are still requested by " + ", ".join(f"@{u}" for u in changes_requested))
     return GateResult(experiment, not reasons, tuple(reasons), tuple(approvals), override_by)
 
 
 # --------------------------------------------------------------------------- adapters
 
 
+RunFilter = Callable[[Mapping[str, str]], bool]
+"""Accepts or rejects an MLflow run by its tags (the provenance check)."""
+
+
 class TrainingLookup(Protocol):
-    def training_record(self, experiment: str, sha: str) -> TrainingRecord | None: ...
+    def training_record(self, experiment: str, sha: str, accept: RunFilter | None = None) -> TrainingRecord | None:
+        ...
 
 
 @dataclass(frozen=True)
@@ -166,7 +208,9 @@ class MlflowPromotion:
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
         self.model_name = model_name
 
-    def training_record(self, experiment: str, sha: str) -> TrainingRecord | None:
+    def training_record(self, experiment: str, sha: str, accept: RunFilter | None = None) -> TrainingRecord | None:
+        """The latest run on `sha` that `accept` admits; its verdict decides (a later run
+        with a verdict replaces an earlier one, never the other way round)."""
         assert _SHA.match(sha), "a full lower-case hex SHA; it goes into a filter string"
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
@@ -175,6 +219,8 @@ class MlflowPromotion:
             [exp.experiment_id], filter_string=f"tags.`pipeline.git_sha` = '{sha}'",
             order_by=["attributes.start_time DESC"], max_results=50,
         )
+        if accept is not None:
+            runs = [r for r in runs if accept(r.data.tags)]
         if not runs:
             return None
         finished = [r for r in runs if r.info.status == "FINISHED"] or runs
@@ -197,6 +243,9 @@ class MlflowPromotion:
             gates_passed=None if gates is None else gates.lower() == "true",
             model_source=f"{best.info.artifact_uri.rstrip('/')}/model",
             hypothesis=hypothesis or tags.get("pipeline.hypothesis", ""),
+            pr=int(tags["pipeline.pr"]) if str(tags.get("pipeline.pr", "")).isdigit() else None,
+            workflow_run_id=(int(tags["pipeline.github_run_id"])
+                             if str(tags.get("pipeline.github_run_id", "")).isdigit() else None),
         )
 
     def _verdict(self, run: Any) -> tuple[str | None, str]:
@@ -259,12 +308,68 @@ class PromotionOutcome:
     message: str
 
 
-class PromoteHost(CodeHost, ReviewHost, Protocol):
-    """The PyGithub adapter implements both."""
+class PromoteHost(CodeHost, ReviewHost, RepoContentHost, Protocol):
+    """The PyGithub adapter implements all three."""
+
+
+def merged_pull_for_push(event: PushEvent, host: PromoteHost, *, default_branch: str) -> int | None:
+    """The PR merged by this push to the default branch (its merge commit is the pushed head)."""
+    if event.deleted or event.ref != f"refs/heads/{default_branch}" or not _SHA.match(event.after):
+        return None
+    merged = [p for p in host.pulls_for_commit(event.after)
+              if p.merged and p.merge_commit_sha == event.after and p.base_ref == default_branch]
+    return merged[0].number if len(merged) == 1 else None
+
+
+def provenance_filter(host: PromoteHost, number: int, *, default_branch: str) -> RunFilter:
+    """Accept only MLflow runs the train workflow made for PR `number` (asked of the API)."""
+    checked: dict[int, bool] = {}
+
+    def accept(tags: Mapping[str, str]) -> bool:
+        run_id = str(tags.get("pipeline.github_run_id", ""))
+        if tags.get("pipeline.pr") != str(number) or not run_id.isdigit():
+            return False
+        rid = int(run_id)
+        if rid not in checked:
+            run = host.workflow_run(rid)
+            checked[rid] = (run is not None and run.path == TRAIN_WORKFLOW and run.event in TRUSTED_TRAIN_EVENTS
+                            and run.head_branch == default_branch)
+        return checked[rid]
+
+    return accept
 
 
 def promote_merged(
     event: PullRequestEvent,
+    host: PromoteHost,
+    lookup: TrainingLookup,
+    registry: ModelRegistry,
+    **kw: Any,
+) -> list[PromotionOutcome]:
+    """`promote_pull` for a merged `pull_request` payload; [] when the PR was not merged."""
+    if not event.merged:
+        return []
+    return promote_pull(event.pull_request.number, host, lookup, registry, **kw)
+
+
+def promote_push(
+    event: PushEvent,
+    host: PromoteHost,
+    lookup: TrainingLookup,
+    registry: ModelRegistry,
+    *,
+    default_branch: str = "main",
+    **kw: Any,
+) -> list[PromotionOutcome]:
+    """Promotion for a push to the default branch: the merged PR, found through the API."""
+    number = merged_pull_for_push(event, host, default_branch=default_branch)
+    if number is None:
+        return []
+    return promote_pull(number, host, lookup, registry, default_branch=default_branch, **kw)
+
+
+def promote_pull(
+    number: int,
     host: PromoteHost,
     lookup: TrainingLookup,
     registry: ModelRegistry,
@@ -273,14 +378,15 @@ def promote_merged(
     required_approvals: int = 1,
     bot_login: str | None,
     override_label: str = OVERRIDE_LABEL,
+    default_branch: str = "main",
     sleep: Callable[[float], None] | None = None,
 ) -> list[PromotionOutcome]:
-    """Check the gates for every experiment of a merged PR, promote those that pass and
-    say what happened in each experiment's sticky comment. [] when the PR was not merged."""
-    if not event.merged:
-        return []
-    number = event.pull_request.number
+    """Check the gates for every experiment of merged PR `number`, promote those that pass
+    and say what happened in each experiment's sticky comment. Idempotent: a second run
+    reuses the model version and leaves the alias where it is."""
     pr = host.pull_request(number)  # the API's view: final head SHA, current labels, files
+    if not pr.merged:
+        return []
     experiments = experiments_in(pr.files)
     if not experiments:
         return []
@@ -289,13 +395,16 @@ def promote_merged(
     people = {r.user for r in reviews} | {e.actor for e in events if e.label == override_label}
     permissions = {login: host.permission(login) for login in sorted(people) if login}
     approvals = counted_approvals(reviews, head_sha=pr.head_sha, author=pr.author, permissions=permissions)
+    blocking = outstanding_change_requests(reviews, author=pr.author, permissions=permissions)
     override_by = override_actor(events, label=override_label, author=pr.author, permissions=permissions,
                                  current_labels=pr.labels)
+    accept = provenance_filter(host, number, default_branch=default_branch)
     outcomes = []
     for exp in experiments:
-        record = lookup.training_record(exp, pr.head_sha) if _SHA.match(pr.head_sha) else None
+        record = lookup.training_record(exp, pr.head_sha, accept) if _SHA.match(pr.head_sha) else None
         gate = check_gates(experiment=exp, head_sha=pr.head_sha, record=record, approvals=approvals,
-                           required_approvals=required_approvals, override_by=override_by)
+                           required_approvals=required_approvals, override_by=override_by,
+                           changes_requested=blocking)
         promotion = None
         if gate.ok:
             assert record is not None
@@ -303,6 +412,7 @@ def promote_merged(
                 "pipeline.pr": str(number), "pipeline.sha": pr.head_sha, "pipeline.experiment": exp,
                 "pipeline.verdict": record.verdict or "", "pipeline.hypothesis": record.hypothesis[:5000],
                 "pipeline.approved_by": ",".join(approvals), "pipeline.override_by": override_by or "",
+                "pipeline.github_run_id": str(record.workflow_run_id or ""),
             }
             promotion = registry.promote(record, tags)
         message = render_outcome(gate, promotion, model_name)
