@@ -296,6 +296,8 @@ class Plan:
     tier: Tier
     resource: ResourceSpec
     warnings: tuple[str, ...] = field(default=())
+    seeds: int = 1
+    """`hypothesis.seeds`: the plan says what that many paired seeds can decide."""
 
     @property
     def memory(self) -> MemoryEstimate:
@@ -757,6 +759,7 @@ def make_plan(spec: ExperimentSpec, *, locate: Locator = no_location) -> Plan:
         tier=tier,
         resource=spec.resource,
         warnings=tuple(warnings),
+        seeds=spec.hypothesis.seeds,
     )
 
 
@@ -840,7 +843,18 @@ def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
             f"{format_duration(c.wall_seconds)} ({time_note} the {r.time_limit_minutes} min limit)",
         ),
         ("tier", f"{plan.tier.name}: {approvals} -- {plan.tier.reason}"),
+        ("verdict", _seeds_note(plan.seeds)),
     ]
+
+
+def _seeds_note(seeds: int) -> str:
+    """What `hypothesis.seeds` paired seeds can decide (reports.verdict: a paired t-test needs 2)."""
+    if seeds == 1:
+        return ("1 seed: cannot decide the hypothesis (the verdict will be inconclusive; "
+                "it needs 2 paired seeds, 3 or more for power)")
+    if seeds == 2:
+        return "2 paired seeds: a test, with little power (3 or more advised)"
+    return f"{seeds} paired seeds"
 
 
 def render_plan_text(plan: Plan) -> str:

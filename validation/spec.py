@@ -26,6 +26,8 @@ METRIC_PATTERN = (
     r"^(eval/(loss|bpb)|eval/[a-z0-9][a-z0-9_-]{0,31}/(loss|bpb)|train/loss|"
     r"perf/tokens_per_s|perf/mfu|perf/peak_mem_gb)$"
 )
+ALPHA_LIMIT = 0.1
+"""Largest `hypothesis.alpha` without an `alpha_override` (reports.render shows both)."""
 PLACEHOLDER_WORDS = {"todo", "tbd", "fixme", "xxx", "placeholder", "hypothesis", "lorem", "ipsum", "n/a", "test"}
 
 
@@ -53,9 +55,23 @@ class Hypothesis(Section):
     baseline: Annotated[str, Field(pattern=r"^([a-z0-9][a-z0-9_-]{2,63}|champion)$")]
     """The experiment to compare against (its name), or `champion` for the promoted model."""
     seeds: Annotated[int, Field(ge=1, le=16)] = 1
-    """Number of seeds; candidate and baseline run on the same seeds (paired)."""
+    """Number of seeds; candidate and baseline run on the same seeds (paired). One seed cannot
+    decide the hypothesis (the verdict needs two paired seeds, three or more to have power);
+    the plan says so."""
+    alpha_override: Annotated[str, Field(min_length=10, max_length=500)] | None = None
+    """Why `alpha` may exceed 0.1 (ALPHA_LIMIT); shown in the PR comment next to the verdict."""
     alpha: Annotated[float, Field(gt=0.0, le=0.5)] = 0.05
-    """Significance level of the paired test behind the verdict."""
+    """Significance level of the one-sided paired test behind the verdict: the chance of
+    calling the hypothesis supported when its effect is only min_effect. At most 0.1 unless
+    `alpha_override` says why."""
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha_limit(cls, value: float, info: Any) -> float:
+        if value > ALPHA_LIMIT and not info.data.get("alpha_override"):
+            raise ValueError(f"{value:g} is above {ALPHA_LIMIT:g}: a verdict at that level is wrong too often; "
+                             "lower it, or state why in hypothesis.alpha_override")
+        return value
 
     @field_validator("statement")
     @classmethod
