@@ -164,3 +164,38 @@ def _verdict_tags(uri: str) -> list[str]:
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     return [r.data.tags["pipeline.verdict"] for r in runs if "pipeline.verdict" in r.data.tags]
+
+
+# --------------------------------------------------------------------------- limits and defaults in the spec and plan
+
+
+@pytest.mark.unit
+def test_alpha_above_the_limit_needs_an_override_named_at_its_line(tmp_path):
+    from validation.errors import SpecError
+    from validation.loader import load_spec
+
+    text = (Path(__file__).resolve().parents[1] / "experiments" / "base.yaml").read_text()
+    assert "  alpha: 0.05\n" in text
+    bad = tmp_path / "base.yaml"
+    bad.write_text(text.replace("  alpha: 0.05\n", "  alpha: 0.3\n"))
+    with pytest.raises(SpecError) as caught:
+        load_spec(bad)
+    line = text.splitlines().index("  alpha: 0.05") + 1
+    assert f"base.yaml:{line}:" in str(caught.value) and "hypothesis.alpha" in str(caught.value)
+    assert "alpha_override" in str(caught.value)
+    ok = tmp_path / "ok" / "base.yaml"
+    ok.parent.mkdir()
+    ok.write_text(text.replace("  alpha: 0.05\n", "  alpha: 0.3\n  alpha_override: a cheap screen; anything it supports is re-run\n"))
+    assert load_spec(ok).hypothesis.alpha == 0.3
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("seeds", "needle"), [(1, "cannot decide the hypothesis"), (2, "little power"), (3, "3 paired seeds")])
+def test_the_plan_says_what_the_seeds_can_decide(seeds, needle):
+    from validation.preflight import make_plan, render_plan_markdown
+    from validation.spec import ExperimentSpec
+
+    data = json.loads(json.dumps(SPEC))
+    data["hypothesis"]["seeds"] = seeds
+    markdown = render_plan_markdown(make_plan(ExperimentSpec.model_validate(data)))
+    assert "| verdict |" in markdown and needle in markdown
