@@ -1,0 +1,198 @@
+"""Checkpoint glue between the loop and `trainer.checkpoint` (the on-disk format).
+
+`CheckpointGlue` knows the live training objects (model, optimizer, scheduler, grad
+scaler) and the ranks: it snapshots them (probe, save), proves a written checkpoint loads
+to the same forward pass (validate), restores them (load), and picks the checkpoint to
+resume or roll back to, so every rank agrees (one broadcast). The loop only decides *when*.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer import checkpoint as ckpt
+from trainer.collectives import Collectives
+from trainer.model import hf_config
+from trainer.state import TrainState
+
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+
+    from validation.spec import ExperimentSpec
+
+log = logging.getLogger("trainer.checkpointing")
+
+# (level, kind, message) -> None; alerts at the current step.
+OnEvent = Callable[[str, str, str], None]
+
+
+class CheckpointGlue:
+    def __init__(self, spec: ExperimentSpec, root: Path, accelerator: Accelerator, raw_model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+                 comm: Collectives, rank: int, on_event: OnEvent):
+        self.spec = spec
+        self.root = root
+        self.accelerator = accelerator
+        self.raw_model = raw_model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.comm = comm
+        self.rank = rank
+        self.is_main = rank == 0
+        self.on_event = on_event
+        self.stalls: list[float] = []  # seconds training waited per save
+        self.writer = ckpt.Checkpointer(root, spec.train.keep_last, spec.train.async_checkpoint, self.validate, on_event)
+
+    # ------------------------------------------------------------------ probe and validation
+
+    def _probe(self) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
+        device = self.accelerator.device
+        n = min(self.spec.data.seq_len, 64)
+        ids = (torch.arange(n, device=device) * 7 % self.spec.model.vocab_size).unsqueeze(0)
+        pos = torch.arange(n, device=device).unsqueeze(0)
+        return ids, pos
+
+    def probe_logits(self, model: torch.nn.Module) -> torch.Tensor:
+        """Logits of a fixed input: a checkpoint is valid when a reload gives the same."""
+        import torch
+
+        ids, pos = self._probe()
+        was_training = model.training
+        model.eval()
+        with torch.no_grad(), self.accelerator.autocast():
+            out = model(input_ids=ids, position_ids=pos, use_cache=False).logits.float()
+        model.train(was_training)
+        return out
+
+    def validate(self, directory: Path, snap: ckpt.Snapshot) -> str | None:
+        """Load the written weights into a fresh model; its forward pass must equal the live one's."""
+        import torch
+
+        from trainer.model import load_weights
+
+        with torch.random.fork_rng(devices=[]):  # random init must not move the training RNG
+            from transformers import AutoModelForCausalLM
+
+            fresh = AutoModelForCausalLM.from_config(
+                hf_config(self.spec.model), attn_implementation=self.spec.model.attn_implementation)
+        try:
+            load_weights(fresh, directory)
+        except Exception as exc:  # noqa: BLE001 - any load failure makes the checkpoint invalid
+            return f"weights do not load: {exc}"
+        fresh.to(self.accelerator.device)
+        got = self.probe_logits(fresh)
+        want = snap.extra["probe_logits"]
+        if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+            return f"forward pass differs after reload (max abs diff {float((got - want).abs().max()):.3g})"
+        return None
+
+    # ------------------------------------------------------------------ save
+
+    def _model_state(self, copy: bool) -> dict[str, Any]:
+        state = self.raw_model.state_dict()
+        if getattr(self.raw_model.config, "tie_word_embeddings", False):
+            state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+        return ckpt.to_cpu(state, copy)  # type: ignore[no-any-return]
+
+    def save(self, state: TrainState) -> float:
+        """Every rank: write its RNG; rank 0: snapshot and write (in the background when async).
+        Returns the seconds training stalled."""
+        t0 = time.perf_counter()
+        step = state.step
+        ckpt.write_rank_rng(self.root, step, self.rank)
+        self.comm.barrier()
+        if self.is_main:
+            copy = self.spec.train.async_checkpoint
+            scheduler_state: dict[str, Any] = {"scheduler": self.scheduler.state_dict()}
+            if self.accelerator.scaler is not None:
+                scheduler_state["scaler"] = self.accelerator.scaler.state_dict()
+            snap = ckpt.Snapshot(
+                step=step,
+                model_state=self._model_state(copy),
+                optimizer_state=ckpt.to_cpu(self.optimizer.state_dict(), copy),
+                scheduler_state=scheduler_state,
+                train_state=state.to_json() | {"saved_unix": time.time()},
+                extra={"probe_logits": self.probe_logits(self.raw_model)},
+            )
+            self.writer.save(snap)
+        stall = time.perf_counter() - t0
+        self.stalls.append(stall)
+        log.info("checkpoint step %d: training stalled %.3fs (%s)", step, stall,
+                 "async" if self.spec.train.async_checkpoint else "sync")
+        return stall
+
+    def wait(self) -> list[float]:
+        """Finish a background write (rank 0); seconds each successful write took."""
+        if self.is_main:
+            self.writer.wait()
+        return [o.write_s for o in self.writer.outcomes if o.ok]
+
+    # ------------------------------------------------------------------ load, resume, rollback
+
+    def load(self, path: Path, current: TrainState) -> TrainState:
+        """Restore model, optimizer, scheduler, scaler and this rank's RNG; return the saved state,
+        with the per-rank micro batch rescaled when the world size changed (same global batch)."""
+        device = self.accelerator.device
+        world = self.comm.world
+        data = ckpt.load_checkpoint(path, self.rank)
+        missing, unexpected = self.raw_model.load_state_dict(
+            {k: v.to(device) for k, v in data["model"].items()}, strict=False)
+        missing = [k for k in missing if k != "lm_head.weight"]
+        assert not missing and not unexpected, (missing, unexpected)
+        self.optimizer.load_state_dict(data["optimizer"])
+        self.scheduler.load_state_dict(data["scheduler"]["scheduler"])
+        if "scaler" in data["scheduler"] and self.accelerator.scaler is not None:
+            self.accelerator.scaler.load_state_dict(data["scheduler"]["scaler"])
+        saved = data["train_state"]
+        state = TrainState.from_json(saved)
+        state.world_size = world
+        state.mlflow_run_id = state.mlflow_run_id or current.mlflow_run_id
+        if saved.get("world_size", world) != world:
+            global_rows = saved["micro_batch_size"] * saved["grad_accum_steps"] * saved["world_size"]
+            micro = self.spec.train.micro_batch_size
+            state.micro_batch_size, state.grad_accum_steps = micro, max(1, global_rows // (micro * world))
+        if data["rng"] is not None:
+            ckpt.set_rng_state(data["rng"])
+        return state
+
+    def find_resume(self) -> str | None:
+        """The newest verified checkpoint (skipped ones raise a P1 alert naming them), same on every rank."""
+        found: Path | None = None
+        if self.is_main:
+            for path in ckpt.clean_stale_temporaries(self.root):
+                log.warning("removed unfinished checkpoint %s", path)
+            found = ckpt.find_resume_checkpoint(self.root, self.on_event)
+        return self.comm.broadcast(str(found) if found else None)
+
+    def rollback(self, state: TrainState, failed_step: int) -> tuple[TrainState, str] | None:
+        """Restore the last good checkpoint and skip the batches around the spike (PaLM).
+
+        `failed_step` is the 0-based step that triggered it. Returns the restored state and the
+        message for the P1 `rollback` alert (the caller raises it once the state is adopted, so
+        the alert carries the restored step); None, after a P0 alert, when the limit is reached
+        or nothing valid exists: the caller then stops.
+        """
+        self.wait()
+        self.comm.barrier()
+        if state.rollbacks >= self.spec.alerts.max_rollbacks:
+            self.on_event("P0", "rollback_limit", f"{state.rollbacks} rollbacks already; stopping")
+            return None
+        last = self.writer.last_valid() if self.is_main else None
+        path = self.comm.broadcast(str(last) if last else None)
+        if path is None:
+            self.on_event("P0", "rollback_impossible", "no valid checkpoint to roll back to; stopping")
+            return None
+        restored = self.load(Path(path), state)
+        skip = self.spec.alerts.rollback_skip_batches
+        restored.rollbacks = state.rollbacks + 1
+        restored.data_offset = state.data_offset + (failed_step + 1 - restored.step) + skip
+        note = (f"rolled back to {Path(path).name} after step {failed_step + 1}; skipping {skip} batches "
+                f"(data offset {restored.data_offset}); metrics of repeated steps are not re-logged")
+        return restored, note
