@@ -460,6 +460,8 @@ def records_from_mlflow(
                        if k.startswith("alert."))
         seed = tags.get("seed", params.get("train.seed"))
         status = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "stopped"}.get(run.info.status, run.info.status.lower())
+        if tags.get("status") == "diverged" or _finite(tags.get("diverged_at_step")) is not None:
+            status = "diverged"  # the trainer's divergence outcome (result.json contract), when tagged
         wall_s = (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time and run.info.start_time else None
         requested = _requested_mixture(params)
         records.append(
@@ -487,6 +489,7 @@ def records_from_mlflow(
                 env=env,
                 mlflow_run_id=run.info.run_id,
                 mlflow_url=mlflow_run_url(public_url, experiment.experiment_id, run.info.run_id),
+                diverged_at_step=int(step) if (step := _finite(tags.get("diverged_at_step"))) is not None else None,
             )
         )
     return records

@@ -14,6 +14,7 @@ import html
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -226,6 +227,13 @@ def key_section(report: Report) -> str:
 def curves_section(report: Report) -> str | None:
     metrics = list(dict.fromkeys([report.hypothesis.metric, *CHART_METRICS]))
     charts = [c for c in (mermaid_chart(report, m) for m in metrics if not m.startswith("perf/")) if c]
+    diverged = [r for r in report.candidates if r.status == "diverged"]
+    if diverged:  # the diverged seed's own curve: averaging it with healthy seeds would hide it
+        alone = replace(report, candidates=tuple(diverged[:1]))
+        chart = mermaid_chart(alone, "train/loss")
+        if chart:
+            charts.insert(0, chart.replace(f'title "{mermaid_title("train/loss: ")}',
+                                           f'title "{mermaid_title(f"train/loss, diverged seed {diverged[0].seed}: ")}', 1))
     if not charts:
         return None
     note = (f"First line: candidate `{report.experiment}`; second line: baseline `{report.baseline_name}` "

@@ -90,7 +90,7 @@ def test_a_diverged_candidate_is_refuted_with_the_step_the_alert_on_top_and_the_
     assert built.verdict.reason.startswith("Refuted: candidate diverged at step 40")
     md = built.markdown
     assert md.index("P0 divergence") < md.index("**Verdict:**")  # the alert is at the top
-    assert "```mermaid" in md  # the curves
+    assert "```mermaid" in md and "train/loss, diverged seed 1235" in md  # its own curve, not a mean
     assert json.loads((tmp_path / "out" / "result.json").read_text())["verdict"]["diverged_at_step"] == 40
 
 
