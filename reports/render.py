@@ -217,8 +217,14 @@ def metric_table(report: Report, metrics: Sequence[str]) -> str:
 
 
 def key_section(report: Report) -> str:
-    keys = [report.hypothesis.metric] + [k for k in KEY_METRICS if k != report.hypothesis.metric]
+    per_source = sorted(k for k in report.comparison.metrics if k.count("/") == 2 and k.startswith("eval/"))
+    keys = list(dict.fromkeys([report.hypothesis.metric, *KEY_METRICS, *per_source]))
     text = metric_table(report, keys) if report.comparison.metrics else "_No metric could be compared._\n"
+    if any(k in report.comparison.metrics for k in ("eval/loss", "eval/bpb")):
+        text += ("\n_`eval/loss` and `eval/bpb` are pooled over every scored token of the data version's fixed "
+                 "held-out set (not weighted by either side's mixture), so a mixture change does not change "
+                 "their definition; `eval/<source>/…` are per source; bits per byte count the bytes of exactly "
+                 "the scored tokens._\n")
     if report.warnings:
         text += "\n" + "\n".join(f"> [!WARNING]\n> {escape_text(w)}\n" for w in report.warnings)
     return text

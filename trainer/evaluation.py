@@ -1,7 +1,17 @@
-"""Held-out evaluation: loss and bits per byte per source, and their mixture-weighted mean.
+"""Held-out evaluation: loss and bits per byte per source, and over the whole eval set.
 
-Every rank evaluates a disjoint share of each source's eval batches; one all-reduce per
-source sums (loss x tokens, tokens), so the numbers do not depend on the world size.
+The metric must not move under the experiment (issue 13):
+
+- The eval set is fixed per data version and `seq_len`: the first `eval_batches` x
+  EVAL_ROWS_PER_BATCH packed rows of each source's held-out split, whatever the micro batch,
+  world size or layout. Those rows are cut into micro-batch chunks only for the forward
+  pass, and every rank scores a disjoint share of the chunks; one all-reduce per source sums
+  (loss x tokens, tokens, bytes), so the numbers do not depend on how the work was split.
+- `eval/loss` and `eval/bpb` pool every scored token of that fixed set (token-weighted
+  over the sources), not the run's own mixture weights, so a mixture experiment compares
+  the same metric on both sides.
+- Bits per byte divides by the UTF-8 bytes of exactly the scored tokens (byte lengths from
+  the tokenizer's vocabulary), not an average bytes-per-token of the whole split.
 """
 
 from __future__ import annotations
@@ -10,9 +20,35 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from trainer.collectives import Collectives
-from trainer.model import bits_per_byte
 from trainer.monitor import track_best
+
+EVAL_ROWS_PER_BATCH = 16
+"""Rows in one `train.eval_batches` unit: fixed, so the eval set does not depend on `micro_batch_size`."""
+AGGREGATE = "pooled over every scored token of the fixed eval set (not mixture-weighted)"
+"""How `eval/loss` and `eval/bpb` combine the sources (the report states it)."""
+
+
+def token_byte_lengths(tokenizer: Any) -> np.ndarray:
+    """UTF-8 bytes each token id stands for (0 for special tokens).
+
+    A byte-level BPE vocabulary spells each byte as one printable character (GPT-2's
+    bytes_to_unicode), so a token's byte count is its character count; any other tokenizer
+    decodes the id on its own, which is exact for whole-character tokens.
+    """
+    from tokenizers import decoders
+
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    lengths = np.zeros(max(vocab.values()) + 1, dtype=np.int64)
+    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    byte_level = isinstance(tokenizer.decoder, decoders.ByteLevel)
+    for token, index in vocab.items():
+        if token in special:
+            continue
+        lengths[index] = len(token) if byte_level else len(tokenizer.decode([index]).encode("utf-8"))
+    return lengths
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +66,8 @@ class Evaluator:
         self.rank = rank
         self.autocast = autocast
         self.to_device = to_device
+        self.token_bytes: np.ndarray | None = None
+        """Bytes per token id (`token_byte_lengths`), built on the first evaluation."""
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
         import torch
@@ -37,39 +75,40 @@ class Evaluator:
         from trainer.data import eval_batches
 
         spec, world = self.spec, self.comm.world
+        if self.token_bytes is None:
+            self.token_bytes = token_byte_lengths(self.prepared.tokenizer)
         model.eval()
         out: dict[str, float] = {}
-        weights = spec.data.weights()
-        agg_loss = agg_bpb = agg_w = 0.0
-        bs = spec.train.micro_batch_size
+        total_nats = total_tokens = total_bytes = 0.0
+        chunk = spec.train.micro_batch_size
         with torch.no_grad(), self.autocast():
             for source in self.prepared.sources:
-                loss_sum = count = 0.0
-                batches = eval_batches(self.prepared, source, spec.data.seq_len, bs, spec.train.eval_batches)
-                for i, batch in enumerate(batches):
+                nats = count = n_bytes = 0.0
+                batches = eval_batches(self.prepared, source, spec.data.seq_len, EVAL_ROWS_PER_BATCH,
+                                       spec.train.eval_batches)
+                pieces = ({k: v[i:i + chunk] for k, v in batch.items()}
+                          for batch in batches for i in range(0, len(batch["input_ids"]), chunk))
+                for i, piece in enumerate(pieces):
                     if i % world != self.rank:
                         continue
-                    inputs = self.to_device(batch)
-                    n = float((inputs["labels"][:, 1:] != -100).sum())
+                    targets = piece["labels"][:, 1:]
+                    scored = targets != -100
+                    n = float(scored.sum())
                     if n == 0:
                         continue
-                    loss = model(**inputs, use_cache=False).loss.float()
-                    loss_sum += float(loss) * n
+                    loss = model(**self.to_device(piece), use_cache=False).loss.float()
+                    nats += float(loss) * n
                     count += n
-                loss_sum, count = self.comm.all_reduce([loss_sum, count])
+                    n_bytes += float(self.token_bytes[targets[scored]].sum())
+                nats, count, n_bytes = self.comm.all_reduce([nats, count, n_bytes])
                 if count == 0:
                     continue
-                loss = loss_sum / count
-                bpb = bits_per_byte(loss, self.prepared.bytes_per_token(source))
-                out[f"eval/{source}/loss"] = loss
-                out[f"eval/{source}/bpb"] = bpb
-                w = weights.get(source, 0.0)
-                if w > 0:
-                    agg_loss, agg_bpb, agg_w = agg_loss + w * loss, agg_bpb + w * bpb, agg_w + w
-        if agg_w:
-            # Mixture-weighted: the objective the model is trained for, independent of eval set sizes.
-            out["eval/loss"] = agg_loss / agg_w
-            out["eval/bpb"] = agg_bpb / agg_w
+                out[f"eval/{source}/loss"] = nats / count
+                out[f"eval/{source}/bpb"] = nats / math.log(2) / n_bytes if n_bytes else math.nan
+                total_nats, total_tokens, total_bytes = total_nats + nats, total_tokens + count, total_bytes + n_bytes
+        if total_tokens:
+            out["eval/loss"] = total_nats / total_tokens
+            out["eval/bpb"] = total_nats / math.log(2) / total_bytes if total_bytes else math.nan
         model.train()
         return out
 
