@@ -70,9 +70,16 @@ def register_hypothesis(run_dir: str | Path, experiment: str, hypothesis: Any, s
 def registered_for(candidates: Sequence[Any], experiment: str) -> dict[str, Any] | None:
     """The earliest registration of `experiment` among the candidate runs (RunRecords)."""
     found = [r.registrations[experiment] for r in candidates if experiment in getattr(r, "registrations", {})]
-    if not found:
+    if found:
+        return min(found, key=lambda e: float(e.get("registered_at_s") or 0.0))
+    # Runs without a registration file (trained before it existed, or by hand): the spec the
+    # run was trained from was frozen into its directory when training started; use that.
+    own = [r.hypothesis for r in candidates if r.experiment == experiment and isinstance(r.hypothesis, dict)]
+    if not own:
         return None
-    return min(found, key=lambda e: float(e.get("registered_at_s") or 0.0))
+    return {"hypothesis": HypothesisView.of(own[0]).registered_fields(), "seed_list": [],
+            "registered_at": "training start (the run's spec.resolved.json)", "registered_at_s": 0.0,
+            "results_existed": False}
 
 
 def registered_view(entry: dict[str, Any], current: HypothesisView) -> HypothesisView:

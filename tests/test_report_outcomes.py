@@ -51,10 +51,15 @@ def test_the_verdict_uses_the_registered_hypothesis_and_shows_the_change(tmp_pat
     result = json.loads((tmp_path / "out" / "result.json").read_text())
     assert result["hypothesis_changes"] == ["direction decrease -> increase"]
     assert result["current_hypothesis"]["direction"] == "increase"
-    # Without a registration the edited hypothesis would decide (what happened before).
+    # Without a registration file the spec frozen into the run directory at training start
+    # stands in for it; only runs with neither let the edited hypothesis decide.
     for d in cands:
         (d / REGISTRATION_FILE).unlink()
-    assert build_report(cands, bases, hypothesis=edited, out_dir=tmp_path / "out2", env={}).verdict.outcome == "refuted"
+    fallback = build_report(cands, bases, hypothesis=edited, out_dir=tmp_path / "out2", env={})
+    assert fallback.verdict.outcome == "supported" and fallback.report.hypothesis_changes
+    for d in cands:
+        (d / "spec.resolved.json").unlink()
+    assert build_report(cands, bases, hypothesis=edited, out_dir=tmp_path / "out3", env={}).verdict.outcome == "refuted"
 
 
 @pytest.mark.unit
@@ -118,6 +123,8 @@ def test_a_nan_metric_never_aborts_orchestration(tmp_path):
 def test_alpha_above_the_limit_is_shown_with_its_override_and_the_table_level_matches(tmp_path):
     cands, bases = _pair(tmp_path, (3.00, 3.01, 2.99), (3.13, 3.135, 3.115))
     h = {**SPEC["hypothesis"], "alpha": 0.2, "alpha_override": "exploratory screen, confirmed later"}
+    for d in cands:
+        register_hypothesis(d, "higher-lr", h, list(SEEDS))
     md = build_report(cands, bases, hypothesis=h, out_dir=tmp_path / "out", env={}).markdown
     assert "alpha 0.2 (**above the 0.1 limit**, override: exploratory screen, confirmed later)" in md
     assert "60 % CI of Δ %" in md and "95 % CI" not in md  # 1 - 2 alpha: the verdict's one-sided 80 % bounds
