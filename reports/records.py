@@ -311,6 +311,37 @@ def _data_check_of(run_dir: Path) -> tuple[bool | None, tuple[str, ...]]:
     return None, ()
 
 
+DIVERGENCE_MARGIN_NATS = 1.0
+"""A training loss this far above ln(vocab_size) (uniform guessing) after warm-up is divergence."""
+
+
+def divergence_step(train_loss: list[tuple[int, float]], first_non_finite: int | None, raw_final: Any,
+                    params: dict[str, Any]) -> int | None:
+    """The step a run diverged at, judged from its own loss curve, or None.
+
+    Diverged: a non-finite training loss, or a final training loss above ln(vocab_size) +
+    DIVERGENCE_MARGIN_NATS after warm-up (worse than guessing uniformly); the step is the
+    first non-finite one, else the first step after warm-up from which the loss stayed above
+    that line. The trainer's own detector (status `diverged`) takes precedence.
+    """
+    if first_non_finite is not None or (raw_final is not None and _finite(raw_final) is None):
+        return first_non_finite if first_non_finite is not None else (train_loss[-1][0] if train_loss else 0)
+    vocab = _finite(params.get("model.vocab_size"))
+    if not vocab or not train_loss:
+        return None
+    limit = math.log(vocab) + DIVERGENCE_MARGIN_NATS
+    warmup = int(_finite(params.get("train.warmup_steps")) or 0)
+    after = [(s, v) for s, v in train_loss if s > warmup]
+    if not after or after[-1][1] <= limit:
+        return None
+    step = after[-1][0]
+    for s, v in reversed(after):
+        if v <= limit:
+            break
+        step = s
+    return step
+
+
 def record_from_run_dir(path: str | Path) -> RunRecord:
     """Reads a run directory: result.json (required), metrics.jsonl, alerts.jsonl,
     spec.resolved.json, identity.json, stages/*.json."""
@@ -328,8 +359,12 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
     params = flatten(spec)
 
     history: dict[str, list[tuple[int, float]]] = {}
+    first_non_finite: int | None = None
     for row in _read_jsonl(run_dir / "metrics.jsonl"):
         value = _finite(row.get("value"))
+        if value is None and row.get("key") == "train/loss" and row.get("value") is not None:
+            step = int(row.get("step", 0))
+            first_non_finite = step if first_non_finite is None else min(first_non_finite, step)
         if value is None or "key" not in row:
             continue
         history.setdefault(str(row["key"]), []).append((int(row.get("step", 0)), value))
@@ -371,11 +406,17 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
     from reports.prereg import read_registrations
 
     diverged_at = result.get("diverged_at_step")
+    status = str(result.get("status", "unknown"))
+    if status == "finished":  # a safety net for runs the trainer did not mark (older trainers)
+        raw_final = (result.get("final_metrics") or {}).get("train/loss")
+        step = divergence_step(history.get("train/loss", []), first_non_finite, raw_final, params)
+        if step is not None:
+            status, diverged_at = "diverged", step
     return RunRecord(
         run_id=str(identity.get("run_id") or run_dir.name),
         experiment=str(identity.get("experiment") or spec.get("name") or run_dir.parent.name),
         seed=int(seed) if seed is not None else None,
-        status=str(result.get("status", "unknown")),
+        status=status,
         final_metrics=final,
         history=history,
         params=params,

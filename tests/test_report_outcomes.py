@@ -206,3 +206,26 @@ def test_the_plan_says_what_the_seeds_can_decide(seeds, needle):
     data["hypothesis"]["seeds"] = seeds
     markdown = render_plan_markdown(make_plan(ExperimentSpec.model_validate(data)))
     assert "| verdict |" in markdown and needle in markdown
+
+
+@pytest.mark.unit
+def test_a_run_the_trainer_did_not_mark_is_still_seen_diverging_from_its_loss_curve(tmp_path):
+    from reports import record_from_run_dir
+
+    cands, bases = _pair(tmp_path, (3.0, 3.0, 3.0), (3.1, 3.12, 3.08))
+    # vocab 256: uniform guessing is ln 256 = 5.55; the loss climbs to 34 from step 30 on (lr x 100).
+    rows = [{"step": s, "key": "train/loss", "value": 5.0 if s < 30 else 34.0} for s in range(10, 101, 10)]
+    (cands[0] / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record = record_from_run_dir(cands[0])
+    assert record.status == "diverged" and record.diverged_at_step == 30
+    # a NaN loss: the first non-finite step
+    (cands[1] / "metrics.jsonl").write_text('{"step": 10, "key": "train/loss", "value": 5.0}\n'
+                                           '{"step": 20, "key": "train/loss", "value": NaN}\n')
+    assert record_from_run_dir(cands[1]).diverged_at_step == 20
+    # a spike it recovered from is not divergence
+    rows[5]["value"] = rows[6]["value"] = 2.0
+    rows = rows[:7]
+    (cands[2] / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert record_from_run_dir(cands[2]).status == "finished"
+    built = build_report(cands, bases, out_dir=tmp_path / "out", env={})
+    assert built.verdict.reason.startswith("Refuted: candidate diverged at step 20")
