@@ -64,6 +64,9 @@ class LaunchJob:
     """Run the startup checklist (`pipelines.doctor`) before launching, on every node."""
     grace_seconds: float = 60.0
     """Time between SIGTERM (the trainer checkpoints) and SIGKILL on cancel."""
+    wait_previous_s: float = 0.0
+    """Local/static: how long `submit` waits for ranks of an earlier job still holding the run
+    directory (0: refuse at once; relaunches after a crash wait, see `run_with_retries`)."""
 
     @property
     def world_size(self) -> int:

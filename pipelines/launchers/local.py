@@ -1,8 +1,20 @@
 """`local`: `accelerate launch` with N processes on this host (gloo on CPU, GPUs on a runner).
 
-The launch runs in its own process group (session), so `cancel` reaches the accelerate
-launcher and every rank at once: SIGTERM first (the trainer checkpoints and exits),
-SIGKILL after `job.grace_seconds`. Output goes to `RUN/logs/launcher.log`.
+One owner per job. The accelerate launcher runs in its own process group, but torch
+elastic starts every rank in a session of its own (pgid == sid == pid), out of reach of a
+signal to that group. So the job is tied together by two kernel mechanisms (see
+`trainer.runlock`): every rank holds `RUN/locks/rank<N>.lock` (pid and host inside) while it
+lives, and dies with its parent launcher (`PR_SET_PDEATHSIG`). The launcher therefore
+
+- reports a job running until the leader *and* every rank lock are gone (`poll`);
+- stops it by SIGTERM to the group and to every live rank (the trainer checkpoints and
+  exits), then SIGKILL to both after `job.grace_seconds`, and returns only when no rank
+  is alive, saying so (`cancel`, the time limit);
+- refuses to start a job on a run directory whose ranks are alive, and a relaunch waits
+  (bounded) for the previous attempt's ranks to exit (`submit`).
+
+A SIGKILL to the launcher's group kills the ranks with it (parent-death signal): nothing
+keeps writing into the run directory unowned. Output goes to `RUN/logs/launcher.log`.
 """
 
 from __future__ import annotations
@@ -11,6 +23,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 from pipelines.launchers.commands import Rendezvous, accelerate_command, free_port, launch_env
@@ -24,8 +37,37 @@ from pipelines.launchers.interface import (
 )
 from pipelines.launchers.logtail import LogTail
 from pipelines.launchers.retry import CANCEL_MARKER, cancel_requested, describe_exit
+from trainer.runlock import JOB_TOKEN_ENV, RunDirBusy, describe_ranks, live_ranks, signal_ranks
 
 POLL_SECONDS = 0.5
+KILL_WAIT_S = 15.0
+"""After SIGKILL: how long to wait for the kernel to tear every rank down (normally < 1 s)."""
+
+
+def node_ranks(job: LaunchJob, node_rank: int) -> range:
+    """The global ranks that machine `node_rank` of `job` runs."""
+    return range(node_rank * job.procs_per_node, (node_rank + 1) * job.procs_per_node)
+
+
+def await_previous_attempt(job: LaunchJob, wait_s: float, say: LogSink | None = None,
+                           own: range | None = None) -> None:
+    """Return once no rank of an earlier job holds a lock of `job.run_dir`; `RunDirBusy` when
+    `wait_s` passes first (0: refuse at once). A relaunch must not overlap the old attempt:
+    its trainer may still be writing the SIGTERM checkpoint that the new one resumes from."""
+    ranks = live_ranks(job.run_dir, own)
+    if not ranks:
+        return
+    if wait_s <= 0:
+        raise RunDirBusy(f"run directory {job.run_dir} is in use by a live job: {describe_ranks(ranks)}; "
+                         f"stop it first (`pipeline cancel {job.run_dir}`) or wait for it to end")
+    if say:
+        say(f"[launcher] waiting up to {wait_s:.0f}s for the previous attempt to exit: {describe_ranks(ranks)}")
+    deadline = time.monotonic() + wait_s
+    while (ranks := live_ranks(job.run_dir, own)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if ranks:
+        raise RunDirBusy(f"the previous attempt in {job.run_dir} did not exit within {wait_s:.0f}s: "
+                         f"{describe_ranks(ranks)}; not relaunching over it")
 
 
 def preflight(job: LaunchJob) -> None:
@@ -57,6 +99,11 @@ def _pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+def _ranks_of(handle: LaunchHandle) -> range | None:
+    bounds = handle.extra.get("ranks")
+    return range(int(bounds[0]), int(bounds[1])) if bounds else None
+
+
 class LocalLauncher:
     """All processes of the job on this machine."""
 
@@ -76,27 +123,42 @@ class LocalLauncher:
     def _log_name(self, job: LaunchJob) -> str:
         return "launcher.log"
 
+    def _own_ranks(self, job: LaunchJob) -> range:
+        return node_ranks(job, 0)
+
     # -- the protocol
     def submit(self, job: LaunchJob) -> LaunchHandle:
         logs = job.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / self._log_name(job)
+        own = self._own_ranks(job)
+        await_previous_attempt(job, job.wait_previous_s, self._say(log_path), own)
         (job.run_dir / CANCEL_MARKER).unlink(missing_ok=True)
         self._prelaunch(job)
         cmd = accelerate_command(job, self._rendezvous(job))
-        log_path = logs / self._log_name(job)
+        token = uuid.uuid4().hex
+        env = launch_env(job) | {JOB_TOKEN_ENV: token}
         with log_path.open("ab") as log:
             log.write(f"[launcher] {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(cmd)}\n".encode())
             log.flush()
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=launch_env(job), cwd=Path.cwd(), start_new_session=True)
+                                    env=env, cwd=Path.cwd(), start_new_session=True)
         handle = LaunchHandle(launcher=self.name, job_id=str(proc.pid), run_dir=job.run_dir,
                               extra={"log": str(log_path), "log_offset": log_path.stat().st_size,
-                                     "command": cmd, "grace_seconds": job.grace_seconds,
+                                     "command": cmd, "grace_seconds": job.grace_seconds, "job_token": token,
+                                     "ranks": [own.start, own.stop],
                                      "time_limit_s": job.time_limit_minutes * 60})
         handle.save()
         self._procs[handle.job_id] = proc
         self._jobs[handle.job_id] = job
         return handle
+
+    @staticmethod
+    def _say(log_path: Path) -> LogSink:
+        def say(line: str) -> None:
+            with log_path.open("a") as fh:
+                fh.write(line + "\n")
+        return say
 
     def poll(self, handle: LaunchHandle) -> JobState:
         proc = self._procs.get(handle.job_id)
@@ -110,6 +172,10 @@ class LocalLauncher:
         else:
             # Not our child: the exit code is gone; the trainer's result marker tells the outcome.
             code = 0 if status == "finished" else None
+        # The leader is gone; the job is not over while any rank still holds its lock.
+        ranks = live_ranks(handle.run_dir, _ranks_of(handle))
+        if ranks:
+            return JobState(Phase.RUNNING, detail=f"launcher exited ({code}); still alive: {describe_ranks(ranks)}")
         if cancel_requested(handle.run_dir):
             return JobState(Phase.CANCELLED, code, status, "cancelled by request")
         if code == 0:
@@ -129,44 +195,57 @@ class LocalLauncher:
                 tail.pump(on_log, final=True)
                 return state
             if limit is not None and time.time() - handle.submitted_at > limit:
-                self._stop(handle)
+                gone = self._stop(handle)
                 tail.pump(on_log, final=True)
-                return JobState(Phase.TIMEOUT, self.poll(handle).exit_code, detail="time limit reached")
+                return JobState(Phase.TIMEOUT, self.poll(handle).exit_code, detail=f"time limit reached; {gone}")
             if timeout is not None and time.monotonic() - start > timeout:
                 return state
             time.sleep(POLL_SECONDS)
 
     def cancel(self, handle: LaunchHandle) -> JobState:
         (handle.run_dir / CANCEL_MARKER).write_text(f"{time.time()}\n")
-        self._stop(handle)
-        return self.poll(handle)
+        gone = self._stop(handle)
+        state = self.poll(handle)
+        return JobState(state.phase, state.exit_code, state.result_status,
+                        f"{state.detail}; {gone}" if state.detail else gone)
 
-    def _stop(self, handle: LaunchHandle) -> None:
+    def _stop(self, handle: LaunchHandle) -> str:
+        """SIGTERM to the launcher's group and every live rank, SIGKILL after the grace period;
+        returns once no rank is alive (bounded), with a sentence saying whether any is left."""
         pgid = int(handle.job_id)  # start_new_session: the leader's pid is the group id
         grace = float(handle.extra.get("grace_seconds", 60.0))
+        started = time.monotonic()
+        self._signal_job(handle, pgid, signal.SIGTERM)
+        if self._wait_gone(handle, pgid, grace):
+            return f"stopped after SIGTERM in {time.monotonic() - started:.1f}s; no rank alive"
+        self._signal_job(handle, pgid, signal.SIGKILL)
+        if self._wait_gone(handle, pgid, KILL_WAIT_S):
+            return f"killed after the {grace:.0f}s grace period; no rank alive"
+        return f"STILL ALIVE after SIGKILL: {describe_ranks(live_ranks(handle.run_dir, _ranks_of(handle)))}"
+
+    def _signal_job(self, handle: LaunchHandle, pgid: int, sig: int) -> None:
         try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if not self._group_alive(handle, pgid):
-                return
-            time.sleep(0.2)
-        try:
-            os.killpg(pgid, signal.SIGKILL)
+            os.killpg(pgid, sig)
         except ProcessLookupError:
             pass
-        proc = self._procs.get(handle.job_id)
-        if proc is not None:
-            proc.wait()
+        # Ranks live in sessions of their own: signal each one directly (pids from their locks).
+        signal_ranks(live_ranks(handle.run_dir, _ranks_of(handle)), sig)
+
+    def _wait_gone(self, handle: LaunchHandle, pgid: int, limit: float) -> bool:
+        deadline = time.monotonic() + limit
+        while True:
+            if not self._group_alive(handle, pgid) and not live_ranks(handle.run_dir, _ranks_of(handle)):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
 
     def _group_alive(self, handle: LaunchHandle, pgid: int) -> bool:
         proc = self._procs.get(handle.job_id)
         if proc is not None:
-            proc.poll()  # reap the leader so it does not linger as a zombie
+            return proc.poll() is None  # also reaps the leader so it does not linger as a zombie
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return False
-        return True
+        return _pid_alive(pgid)

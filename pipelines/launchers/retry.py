@@ -26,16 +26,17 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
 from pipelines.launchers.interface import JobState, Launcher, LaunchJob, LogSink, Phase, read_result_status
+from validation.errors import no_retry_exit_codes
 
 CANCEL_MARKER = "cancel.requested"
 """Written into the run directory by every launcher's `cancel`: no retry after it."""
 
-NO_RETRY_EXIT_CODES = {2: "usage or spec error", 3: "data error", 11: "doctor refused the environment"}
+NO_RETRY_EXIT_CODES = no_retry_exit_codes()  # the registry in validation.errors: 2 input, 3 data, 11 doctor...
 PREEMPTION_EXIT_CODES = {143, -signal.SIGTERM}
 
 
@@ -105,7 +106,9 @@ def run_with_retries(launcher: Launcher, job: LaunchJob, on_log: LogSink | None 
     while True:
         attempt += 1
         started = time.time()
-        handle = launcher.submit(job)
+        # A relaunch waits (bounded) for the old attempt's ranks: one may still be writing
+        # the checkpoint the new attempt resumes from.
+        handle = launcher.submit(job if attempt == 1 else replace(job, wait_previous_s=job.grace_seconds + 30))
         state = launcher.wait(handle, timeout=timeout, on_log=on_log)
         if not state.done:  # our own timeout: stop it, it is a failure of the time budget
             state = launcher.cancel(handle)

@@ -12,7 +12,7 @@ import os
 
 from pipelines.launchers.commands import Rendezvous, parse_endpoint
 from pipelines.launchers.interface import LaunchJob
-from pipelines.launchers.local import LocalLauncher, preflight
+from pipelines.launchers.local import LocalLauncher, node_ranks, preflight
 from validation.errors import LaunchError
 
 
@@ -40,6 +40,10 @@ class StaticLauncher(LocalLauncher):
     def _log_name(self, job: LaunchJob) -> str:
         # One file per node: on a shared file system the nodes' run directories are one.
         return f"launcher-node{node_rank_of(job)}.log"
+
+    def _own_ranks(self, job: LaunchJob) -> range:
+        # Only this machine's ranks: the other nodes' locks in a shared run dir are theirs.
+        return node_ranks(job, node_rank_of(job))
 
     def _prelaunch(self, job: LaunchJob) -> None:
         node_rank_of(job)  # a wrong rank is refused before anything starts

@@ -43,6 +43,10 @@ def main() -> int:
     parser.add_argument("--tracking-uri", default=None)
     args, _ = parser.parse_known_args()
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from trainer.runlock import join_job
+
+    join_job(args.run_dir)  # the trainer's contract: own the rank's lock, die with the launcher
     stop = {"requested": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))
 
