@@ -218,7 +218,8 @@ def cancel(run_ref: Annotated[str, typer.Argument(help="Run directory, <experime
                 continue
             handle = handle_for_run(seed_dir)
             state = get_launcher(handle.launcher).cancel(handle)
-            typer.echo(f"{seed_dir.name}: {handle.launcher} job {handle.job_id} -> {state.phase}")
+            typer.echo(f"{seed_dir.name}: {handle.launcher} job {handle.job_id} -> {state.phase}"
+                       + (f" ({state.detail})" if state.detail else ""))
             stopped += 1
     except PipelineError as exc:
         raise _fail(exc) from None

@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
 
     uri = args.tracking_uri or default_tracking_uri(REPO_ROOT)
     try:
+        from trainer.runlock import join_job
+
+        # Before anything is written: one job per run directory, and die with the launcher.
+        join_job(args.run_dir)
         from trainer.loop import Trainer
 
         overfit = False

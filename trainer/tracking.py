@@ -142,9 +142,13 @@ class JsonlMetrics:
             with open(self.path, "r+b") as fh:
                 fh.truncate(good)
         self.high_water: dict[str, int] = {}
+        self._absorb(records)
+        self._seen = good  # bytes of the file already folded into the marks
+        self._pending: list[tuple[str, int, float, int]] = []
+
+    def _absorb(self, records: list[dict[str, Any]]) -> None:
         for r in records:
             self.high_water[r["key"]] = max(self.high_water.get(r["key"], -1), r["step"])
-        self._pending: list[tuple[str, int, float, int]] = []
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         ts = int(time.time() * 1000)
@@ -157,11 +161,31 @@ class JsonlMetrics:
         pass
 
     def flush(self, wait: bool = True) -> None:
-        points = filter_new_points(self._pending, self.high_water)
-        self._pending = []
-        if points:
-            with open(self.path, "a") as fh:
-                fh.write("".join(json.dumps({"step": s, "key": k, "value": v}) + "\n" for k, s, v, _ in points))
+        """Append the new points under an exclusive flock of the file, after folding in whatever
+        another writer appended since our last look: even two racing writers (which the run
+        lock, `trainer.runlock`, should never let happen) record each (key, step) once."""
+        import fcntl
+
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        with open(self.path, "a+b") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                fh.seek(self._seen)
+                tail = fh.read()
+                if tail:
+                    complete = tail[: tail.rfind(b"\n") + 1]
+                    self._absorb([json.loads(line) for line in complete.splitlines() if line.strip()])
+                    self._seen += len(complete)
+                points = filter_new_points(pending, self.high_water)
+                if points:
+                    data = "".join(json.dumps({"step": s, "key": k, "value": v}) + "\n" for k, s, v, _ in points)
+                    fh.write(data.encode())
+                    fh.flush()
+                    self._seen = fh.tell()
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
     def close(self, status: str) -> None:
         self.flush()
