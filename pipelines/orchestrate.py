@@ -503,6 +503,15 @@ class ExperimentFlow:
         if candidate.extra.get("sweep_markdown"):
             md = out_dir / "report.md"
             atomic_write_text(md, md.read_text(encoding="utf-8").rstrip("\n") + "\n\n" + candidate.extra["sweep_markdown"])
+        from trainer.tracking import spool_notice
+
+        notice = spool_notice(list(candidate.seed_dirs) + list(baseline.seed_dirs if baseline else []))
+        if notice:  # MLflow was down: say so in the comment, with the command that fixes it
+            md = out_dir / "report.md"
+            atomic_write_text(md, md.read_text(encoding="utf-8").rstrip("\n") + "\n\n" + notice)
+            replay = [line for line in notice.splitlines() if line.startswith("pipeline replay-metrics")]
+            self.reporter.stage(candidate.spec.name, "report", "warning",
+                                f"MLflow unreachable: metrics spooled; send them with `{replay[0]}`")
         comment = self._publish(candidate, out_dir)
         verdict = getattr(report, "verdict", None)
         self._tag_verdict(candidate, getattr(verdict, "outcome", None))
@@ -517,14 +526,11 @@ class ExperimentFlow:
     def _mlflow_client(self):
         """A client for the tracking store, or None when it cannot be reached (the report still
         gets written; MLflow gets it on the next run)."""
-        try:
-            from mlflow.tracking import MlflowClient
+        from trainer.tracking import reachable_client
 
-            client = MlflowClient(tracking_uri=self.tracking_uri)
-            client.search_experiments(max_results=1)
-            return client
-        except Exception:  # unreachable server: the local report is the source of truth
-            return None
+        # Bounded (trainer.tracking.MLFLOW_HTTP_POLICY) and remembered: a dead server costs one
+        # short attempt for the whole report stage, not minutes per lookup.
+        return reachable_client(self.tracking_uri)
 
     def _champion_records(self, spec: ExperimentSpec) -> list:
         """The promoted model's training run (registry alias `champion`) as the baseline, when

@@ -195,10 +195,41 @@ def default_tracking_uri(repo_root: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(repo_root).resolve()}/mlflow.db"
 
 
-def _quiet_http() -> None:
-    # A dead server must cost milliseconds per flush, not MLflow's default minutes of retries.
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+MLFLOW_HTTP_POLICY = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
+}
+"""The one place that bounds every MLflow call of the project (trainer, orchestration, reports).
+
+MLflow's defaults are a 120 s timeout and 7 retries with exponential backoff (factor 2): one
+lookup against a dead server took ~250 s, and the report stage made three (742 s measured).
+Here a call costs at most 5 s + one retry after 1 s; an unreachable server is then remembered
+(`reachable_client`, the sink's offline mode) rather than asked again. Operators may override
+each variable in the environment (setdefault)."""
+MLFLOW_RECHECK_S = 60.0
+
+
+def bound_mlflow_http(env: dict[str, str] | None = None) -> None:
+    """Apply `MLFLOW_HTTP_POLICY` to `env` (this process's environment by default) where unset."""
+    target: Any = os.environ if env is None else env
+    for key, value in MLFLOW_HTTP_POLICY.items():
+        target.setdefault(key, value)
+
+
+_reachable: dict[str, tuple[float, Any]] = {}
+
+
+def reachable_client(tracking_uri: str) -> Any:
+    """An `MlflowClient` for `tracking_uri`, or None when the server does not answer; the answer
+    is remembered for `MLFLOW_RECHECK_S`, so a dead server costs one bounded attempt, not one
+    per lookup."""
+    now = time.monotonic()
+    cached = _reachable.get(tracking_uri)
+    if cached is not None and now - cached[0] < MLFLOW_RECHECK_S:
+        return cached[1]
+    bound_mlflow_http()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
