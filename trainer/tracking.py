@@ -230,6 +230,36 @@ def reachable_client(tracking_uri: str) -> Any:
     if cached is not None and now - cached[0] < MLFLOW_RECHECK_S:
         return cached[1]
     bound_mlflow_http()
+    client: Any = None
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri)
+        client.search_experiments(max_results=1)
+    except Exception as exc:  # noqa: BLE001 - unreachable or failing: the local records stand in
+        log.warning("MLflow at %s unreachable (%s); using the local records", tracking_uri, _short(exc))
+        client = None
+    _reachable[tracking_uri] = (now, client)
+    return client
+
+
+def spool_notice(run_dirs: list[Path]) -> str:
+    """Markdown for a report: which runs hold metrics MLflow never received, and the exact
+    command that sends them (each point once). Empty when nothing is spooled."""
+    spooled = [Path(d) for d in run_dirs if (Path(d) / SPOOL).is_file()]
+    if not spooled:
+        return ""
+    lines = ["### Metrics waiting for MLflow", "",
+             "MLflow could not be reached while these runs trained; their metrics are spooled on disk "
+             "and the verdict above was computed from the local records (`metrics.jsonl`, `result.json`). "
+             "When the server is back, send them (each point once):", "", "```bash"]
+    lines += [f"pipeline replay-metrics {d}" for d in spooled]
+    return "\n".join([*lines, "```", ""])
+
+
+def _quiet_http() -> None:
+    # A dead server must cost seconds per flush, not MLflow's default minutes of retries.
+    bound_mlflow_http()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
