@@ -177,7 +177,7 @@ def headline(report: Report) -> str:
         "",
     ]
     if v.rule:
-        lines += [f"**Rule:** {escape_text(v.rule)}: supported only if the one-sided {1 - h.alpha:.0%} lower bound "
+        lines += [f"**Rule:** {escape_text(v.rule)}: supported only if the one-sided {100 * (1 - h.alpha):.3g} % lower bound "
                   "of the effect clears min_effect; refuted if the upper bound is below it.", ""]
     if report.exploratory is not None and report.added_seeds:
         e = report.exploratory
@@ -196,7 +196,7 @@ def headline(report: Report) -> str:
 
 
 def metric_table(report: Report, metrics: Sequence[str]) -> str:
-    level = f"{100 * report.comparison.confidence:.0f} %"
+    level = f"{100 * report.comparison.confidence:.3g} %"
     rows = [f"| metric | baseline | candidate | Δ | Δ % (mean per seed) | {level} CI of Δ % | seeds |",
             "|---|---:|---:|---:|---:|---:|---:|"]
     for key in metrics:
@@ -210,7 +210,7 @@ def metric_table(report: Report, metrics: Sequence[str]) -> str:
             f"{f'[{fmt_pct(ci[0])}, {fmt_pct(ci[1])}]' if ci else 'needs ≥ 2 seeds'} | {m.n} |")
     if any(k != report.hypothesis.metric for k in metrics if k in report.comparison.metrics):
         rows.append("")
-        rows.append(f"_Intervals are {level} (their ends are the verdict's one-sided {1 - report.hypothesis.alpha:.0%} "
+        rows.append(f"_Intervals are {level} (their ends are the verdict's one-sided {100 * (1 - report.hypothesis.alpha):.3g} % "
                     "bounds). Only the bold hypothesis metric is tested; the others are exploratory, not adjusted "
                     "for multiplicity, and decide nothing._")
     return "\n".join(rows) + "\n"

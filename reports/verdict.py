@@ -265,7 +265,7 @@ def verdict(comparison: Comparison, *, candidates: Sequence[Any] = (), baselines
     se = sd / math.sqrt(n)
     lower, upper = bounds(effect, sd, n, h.alpha)
     p = float(stats.t.sf((effect - h.min_effect) / se, n - 1))
-    level = f"{1 - h.alpha:.0%}"
+    level = f"{100 * (1 - h.alpha):.3g} %"
     stats_text = (f"mean relative effect {_pct(effect)} in the stated direction, one-sided {level} bounds "
                   f"[{_pct(lower)}, {_pct(upper)}] ({rule})")
     kw: dict[str, Any] = {"effect": effect, "effect_ci": (lower, upper), "p_value": p, "rule": rule}
