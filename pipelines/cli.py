@@ -7,16 +7,12 @@ the command functions, so `pipeline validate` stays fast on any runner.
 
 from __future__ import annotations
 
-import os
-
 import typer
 
+from validation.environment import apply_offline_env
+
 # MLflow phones home on import unless told not to; every process we start inherits this.
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("DO_NOT_TRACK", "true")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+apply_offline_env()
 
 app = typer.Typer(
     name="pipeline",

@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from pipelines.exits import fail
 from validation.errors import PipelineError, UsageError
+
+if TYPE_CHECKING:
+    from validation.resolved import ResolvedExperiment
 
 data_app = typer.Typer(
     name="data",
@@ -23,34 +27,31 @@ data_app = typer.Typer(
 )
 
 
-def _fail(exc: PipelineError) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(exc.exit_code)
-
-
-def _load(spec_file: Path):  # -> (ExperimentSpec, repo_root)
-    from validation.loader import find_repo_root, load_spec
+def _load(spec_file: Path) -> tuple[ResolvedExperiment, Path]:
+    from validation.paths import find_repo_root
+    from validation.resolved import resolve
 
     if not spec_file.is_file():
         raise UsageError(f"{spec_file}: no such experiment file")
-    return load_spec(spec_file), find_repo_root(spec_file)
+    repo = find_repo_root(spec_file)
+    return resolve(spec_file, repo), repo
 
 
-def _resolve_baseline(value: str | None, spec, spec_file: Path, repo: Path) -> Path | None:
-    """A baseline given as an experiment name or a file; default: the hypothesis baseline."""
+def _baseline_file(value: str | None, resolved: ResolvedExperiment, repo: Path) -> Path | None:
+    """A baseline given as an experiment name or a file; default: the resolved hypothesis baseline."""
+    from validation.paths import experiment_file
+
     if value is None:
-        name = spec.hypothesis.baseline
-        candidate = spec_file.resolve().parent / f"{name}.yaml"
-        return candidate if name != "champion" and name != spec.name and candidate.is_file() else None
+        return Path(resolved.baseline.file) if resolved.baseline.file else None
     as_path = Path(value)
     if as_path.suffix in (".yaml", ".yml") or as_path.is_file():
         if not as_path.is_file():
             raise UsageError(f"--baseline {value}: no such file")
         return as_path
-    candidate = repo / "experiments" / f"{value}.yaml"
-    if not candidate.is_file():
-        raise UsageError(f"--baseline {value}: no experiment file {candidate}")
-    return candidate
+    found = experiment_file(repo, value)
+    if found is None:
+        raise UsageError(f"--baseline {value}: no experiment file {value}.yaml or {value}.yml in {repo / 'experiments'}")
+    return found
 
 
 @data_app.command("demo")
@@ -79,12 +80,13 @@ def prepare(
     from trainer.data import prepare_data
 
     try:
-        spec, repo = _load(spec_file)
+        resolved, repo = _load(spec_file)
+        spec = resolved.spec
         started = time.perf_counter()
         prepared = prepare_data(spec.data, repo, cache_root=cache, progress=progress)
         elapsed = time.perf_counter() - started
     except PipelineError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     if as_json:
         typer.echo(json.dumps({"version": prepared.version, "path": str(prepared.path), "cache_hit": prepared.cache_hit,
                                "seconds": round(elapsed, 3), "vocab_size": prepared.vocab_size,
@@ -120,8 +122,9 @@ def check(
     from validation.loader import load_spec
 
     try:
-        spec, repo = _load(spec_file)
-        base_file = _resolve_baseline(baseline, spec, spec_file, repo)
+        resolved, repo = _load(spec_file)
+        spec = resolved.spec
+        base_file = _baseline_file(baseline, resolved, repo)
         prepared = prepare_data(spec.data, repo, progress=False)
         base_spec = load_spec(base_file) if base_file else None
         base_prepared = prepare_data(base_spec.data, repo, progress=False) if base_spec else None
@@ -129,11 +132,11 @@ def check(
         result = run_data_checks(spec, prepared, baseline=base_prepared, out_dir=out_dir,
                                  baseline_name=base_spec.name if base_spec else None)
     except PipelineError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     typer.echo(result.markdown)
     typer.echo(f"written: {out_dir / 'data_check.json'}, {out_dir / 'data_check.md'}, {out_dir / 'data_check.html'}")
     if not result.success:
-        raise _fail(DataCheckFailed(f"data checks failed for {spec.name}: {result.failed} of {result.total} "
+        raise fail(DataCheckFailed(f"data checks failed for {spec.name}: {result.failed} of {result.total} "
                                     f"expectations not met (see {out_dir / 'data_check.md'})"))
 
 

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from pipelines.exits import fail
 from validation.errors import PipelineError
 
 
@@ -34,8 +35,7 @@ def report(
     try:
         built = build_report(candidate, baseline or [], spec=spec, out_dir=out, mlflow_url=mlflow_url)
     except PipelineError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(exc.exit_code) from None
+        raise fail(exc) from None
     if print_markdown:
         typer.echo(built.markdown)
     v = built.verdict

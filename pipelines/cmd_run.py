@@ -6,85 +6,15 @@ this module stays cheap to import (it is loaded for every `pipeline` invocation)
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from pipelines.exits import fail
+from pipelines.progress import RichReporter
 from validation.errors import PipelineError, UsageError
-
-
-def _fail(exc: PipelineError) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(exc.exit_code)
-
-
-class RichReporter:
-    """Progress bars: one line per stage event, a bar per training run fed by metrics.jsonl."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-
-        self.console = Console(stderr=True)
-
-    def stage(self, experiment: str, stage: str, event: str, detail: str = "") -> None:
-        icon = {"started": "[cyan]>[/]", "finished": "[green]ok[/]", "skipped": "[dim]=[/]", "reused": "[dim]=[/]",
-                "failed": "[red]x[/]"}.get(event, "-")
-        suffix = f" [dim]{detail}[/]" if detail else ""
-        word = {"skipped": "cached", "reused": "reused finished run"}.get(event, event)
-        self.console.print(f"{icon} {experiment:<16} {stage:<9} {word}{suffix}")
-
-    def training(self, label: str, run_dir: Path, total_steps: int):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        progress = Progress(
-            TextColumn("  [bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-            console=self.console, transient=False,
-        )
-        task = progress.add_task(label, total=total_steps, loss="-")
-        stop = threading.Event()
-
-        def follow() -> None:
-            metrics = run_dir / "metrics.jsonl"
-            offset = 0
-            while not stop.is_set():
-                if metrics.exists():
-                    with metrics.open("r", encoding="utf-8") as fh:
-                        fh.seek(offset)
-                        chunk = fh.read()
-                        # Only consume complete lines; a half-written line is read next time.
-                        cut = chunk.rfind("\n") + 1
-                        offset += len(chunk[:cut].encode("utf-8"))
-                    for line in chunk[:cut].splitlines():
-                        try:
-                            point = json.loads(line)
-                        except ValueError:
-                            continue
-                        if point.get("key") == "train/loss":
-                            progress.update(task, completed=int(point["step"]), loss=f"{point['value']:.3f}")
-                stop.wait(0.5)
-
-        progress.start()
-        thread = threading.Thread(target=follow, daemon=True)
-        thread.start()
-
-        def done() -> None:
-            stop.set()
-            thread.join(timeout=2)
-            progress.stop()
-
-        return done
 
 
 def _sigterm_as_interrupt() -> None:
@@ -121,7 +51,7 @@ def run(
     from pipelines.orchestrate import ExperimentFlow, RunOptions, summary_lines
 
     if not file.is_file():
-        raise _fail(UsageError(f"{file}: no such experiment file"))
+        raise fail(UsageError(f"{file}: no such experiment file"))
     options = RunOptions(launcher=launcher, pr=pr, sha=sha, smoke=not no_smoke, force=force,
                          run_baseline=not no_baseline, tracking_uri=tracking_uri)
     reporter = RichReporter()
@@ -130,7 +60,7 @@ def run(
     try:
         candidate, baseline = flow.run(file)
     except PipelineError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     except KeyboardInterrupt:
         typer.echo("interrupted: running trainings were asked to checkpoint and stop; "
                    "`pipeline run` again resumes them", err=True)
@@ -152,7 +82,7 @@ def train(
     from pipelines.orchestrate import Detached, ExperimentFlow, RunOptions, summary_lines
 
     if not file.is_file():
-        raise _fail(UsageError(f"{file}: no such experiment file"))
+        raise fail(UsageError(f"{file}: no such experiment file"))
     options = RunOptions(launcher=launcher, detach=detach, pr=pr, sha=sha, smoke=False, tracking_uri=tracking_uri)
     reporter = RichReporter()
     flow = ExperimentFlow(_repo(file), options, reporter)
@@ -166,7 +96,7 @@ def train(
                    "running jobs and writes the report when they finish.")
         return
     except PipelineError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     except KeyboardInterrupt:
         typer.echo("interrupted: running trainings were asked to checkpoint and stop; "
                    "`pipeline run` again resumes them", err=True)
@@ -181,7 +111,7 @@ def status(run_ref: Annotated[str, typer.Argument(help="Run directory, <experime
 
     run_dir = resolve_run(_repo(), run_ref)
     if run_dir is None:
-        raise _fail(UsageError(f"{run_ref}: no such run under runs/"))
+        raise fail(UsageError(f"{run_ref}: no such run under runs/"))
     typer.echo(f"run {run_dir}")
     for stage in ("validate", "prepare", "check", "smoke", "train", "evaluate", "report"):
         data = read_json(run_dir / "stages" / f"{stage}.json")
@@ -208,7 +138,7 @@ def cancel(run_ref: Annotated[str, typer.Argument(help="Run directory, <experime
 
     run_dir = resolve_run(_repo(), run_ref)
     if run_dir is None:
-        raise _fail(UsageError(f"{run_ref}: no such run under runs/"))
+        raise fail(UsageError(f"{run_ref}: no such run under runs/"))
     # A run dir of an experiment holds one trainer run per seed; a seed dir is itself a run.
     candidates = [run_dir] if (run_dir / "launch.json").exists() else sorted((run_dir / "train").glob("seed-*"))
     stopped = 0
@@ -222,7 +152,7 @@ def cancel(run_ref: Annotated[str, typer.Argument(help="Run directory, <experime
                        + (f" ({state.detail})" if state.detail else ""))
             stopped += 1
     except PipelineError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     typer.echo(f"cancelled {stopped} running training job(s) of {run_dir}" if stopped
                else f"nothing running in {run_dir}")
 
@@ -249,7 +179,7 @@ def runs(
         found = mlflow.search_runs(experiment_ids=list(names), max_results=limit, order_by=["start_time DESC"],
                                    output_format="list", ) if names else []
     except Exception as exc:  # MLflow raises many types; the user needs one line.
-        raise _fail(PipelineError(f"cannot read runs from MLflow at {uri}: {exc}")) from None
+        raise fail(PipelineError(f"cannot read runs from MLflow at {uri}: {exc}")) from None
     table = Table("experiment", "seed", "status", "eval/loss", "eval/bpb", "tokens/s", "identity", "started")
     for r in found:
         m, t = r.data.metrics, r.data.tags
@@ -274,7 +204,7 @@ def doctor(
         spec = load_spec(file)
         report = run_doctor(spec, expect_world_size=world_size)
     except PipelineError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     typer.echo(report.render_text())
     raise typer.Exit(0 if report.ok else 1)
 
@@ -289,7 +219,7 @@ def demo(
     try:
         run_demo(_repo(), experiment)
     except PipelineError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
 
 
 def register(app: typer.Typer) -> None:

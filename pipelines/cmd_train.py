@@ -14,12 +14,13 @@ Cheap to import: torch, transformers and mlflow are imported inside the commands
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from pipelines.exits import fail
+from validation.environment import apply_offline_env
 from validation.errors import PipelineError, UsageError
 
 
@@ -27,11 +28,6 @@ def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
     app.command("smoke")(smoke)
     app.command("replay-metrics")(replay_metrics)
-
-
-def _fail(exc: PipelineError) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(exc.exit_code)
 
 
 def smoke(
@@ -42,23 +38,24 @@ def smoke(
     tracking_uri: Annotated[str, typer.Option(help="MLflow URI for the smoke run; 'none' (default) logs nothing.")] = "none",
 ) -> None:
     """Train a shrunk copy of the experiment for a few dozen steps: loss falls, checkpoint resumes equal."""
-    for key, value in {"MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
-        os.environ.setdefault(key, value)
+    apply_offline_env()
     try:
-        from validation.loader import find_repo_root, load_spec
+        from validation.paths import find_repo_root
+        from validation.resolved import resolve
 
         if not spec_file.is_file():
             raise UsageError(f"{spec_file}: no such experiment file")
-        spec = load_spec(spec_file)
         repo = find_repo_root(spec_file)
+        resolved = resolve(spec_file, repo)
+        spec = resolved.spec
         from trainer.data import prepare_data
         from trainer.smoke import run_smoke
 
         prepared = prepare_data(spec.data, repo, cache, progress=False)
         target = run_dir or repo / "runs" / "smoke" / spec.name
-        result = run_smoke(spec, prepared, target, tracking_uri=tracking_uri)
+        result = run_smoke(resolved, prepared, target, tracking_uri=tracking_uri)
     except PipelineError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     result["experiment"] = spec.name
     result["data_version"] = prepared.version
     out_path = out or Path(target) / "smoke.json"
@@ -79,11 +76,11 @@ def replay_metrics(
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow URI (default: the one the run used).")] = None,
 ) -> None:
     """Send spooled MLflow metrics of a run whose server was unreachable; each point once."""
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    apply_offline_env()
     from trainer.tracking import replay_spool
 
     try:
         out = replay_spool(run_dir, tracking_uri)
     except PipelineError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     typer.echo(f"replayed {out['records']} records into MLflow run {out['run_id']}")

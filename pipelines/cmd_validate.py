@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from pipelines.exits import fail_issues
 from validation.errors import Issue, SpecError
 
 if TYPE_CHECKING:
     from validation.loader import LoadedSpec
+    from validation.resolved import ResolvedExperiment
     from validation.spec import ExperimentSpec
 
 # Fields that say who and why, not what is trained: left out of the "changes" diff.
@@ -53,7 +55,7 @@ def register(app: typer.Typer) -> None:
 def validate(
     files: Annotated[
         list[Path],
-        typer.Argument(help="Experiment YAML files (a directory means its *.yaml).", show_default=False),
+        typer.Argument(help="Experiment YAML files (a directory means its *.yaml and *.yml).", show_default=False),
     ],
     output_format: Annotated[
         ValidateFormat, typer.Option("--format", "-f", help="text, json, or github (workflow annotations).")
@@ -61,8 +63,9 @@ def validate(
 ) -> None:
     """Check experiment files: every problem, each with file:line:col and what to change. Exit 2 on any."""
     from validation.loader import check_spec, display_path
+    from validation.paths import experiment_files
 
-    expanded = [p for f in files for p in (sorted(f.glob("*.yaml")) or [f] if f.is_dir() else [f])]
+    expanded = [p for f in files for p in ((experiment_files(f) or [f]) if f.is_dir() else [f])]
     results: list[dict[str, Any]] = []
     for path in expanded:
         spec, issues = check_spec(path)
@@ -142,14 +145,20 @@ def plan(
 ) -> None:
     """Show what an experiment will run: resolved spec, changes vs its baseline, layout, memory, compute, tier."""
     from validation.loader import load_located
+    from validation.paths import find_repo_root
+    from validation.resolved import resolve_spec
 
     loaded = load_located(file)
     if loaded.issues:
-        _fail_issues(loaded.issues)
+        raise fail_issues(loaded.issues)
     spec = loaded.spec
     assert spec is not None
+    try:
+        resolved = resolve_spec(spec, find_repo_root(file), spec_file=file, locate=loaded.locate)
+    except SpecError as exc:
+        raise fail_issues(exc.issues) from None
 
-    reference, reference_note = _reference_for(spec, loaded)
+    reference, reference_note = _reference_for(resolved, loaded)
     changes = diff_specs(reference.resolved_dict(), spec.resolved_dict()) if reference else []
     preflight, preflight_text, preflight_note = _preflight(spec, loaded)
 
@@ -164,6 +173,7 @@ def plan(
             "preflight": preflight,
             "preflight_note": preflight_note,
             "resolved": spec.resolved_dict(),
+            "resolution": {k: v for k, v in resolved.model_dump(mode="json").items() if k not in ("spec", "runs")},
         }
         typer.echo(json.dumps(payload, indent=2))
         return
@@ -185,20 +195,14 @@ def plan(
     typer.echo("\n".join(lines))
 
 
-def _fail_issues(issues: list[Issue]) -> None:
-    for issue in issues:
-        typer.echo(issue.text())
-    raise typer.Exit(SpecError.exit_code)
-
-
-def _reference_for(spec: ExperimentSpec, loaded: LoadedSpec) -> tuple[ExperimentSpec | None, str]:
+def _reference_for(resolved: ResolvedExperiment, loaded: LoadedSpec) -> tuple[ExperimentSpec | None, str]:
     """The baseline experiment's file when there is one, else the base this file extends."""
-    from validation.loader import EXPERIMENTS_DIR, check_spec, display_path, find_repo_root
+    from validation.loader import check_spec, display_path
 
     top = loaded.files[0] if loaded.files else None
     candidates: list[Path] = []
-    if top is not None and spec.hypothesis.baseline != "champion":
-        candidates.append(find_repo_root(top) / EXPERIMENTS_DIR / f"{spec.hypothesis.baseline}.yaml")
+    if resolved.baseline.file is not None:
+        candidates.append(Path(resolved.baseline.file))
     if len(loaded.files) > 1:
         candidates.append(loaded.files[1])
     for candidate in candidates:
@@ -220,8 +224,7 @@ def _preflight(spec: ExperimentSpec, loaded: LoadedSpec) -> tuple[dict[str, Any]
     try:
         result = make_plan(spec, locate=loaded.locate)
     except SpecError as exc:
-        _fail_issues(exc.issues)
-        raise AssertionError("unreachable") from exc
+        raise fail_issues(exc.issues) from None
     return result.to_dict(), render_plan_text(result), "ok"
 
 

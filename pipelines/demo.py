@@ -18,8 +18,8 @@ from validation.errors import UsageError
 
 
 def run_demo(repo: Path, experiment: str) -> None:
-    from pipelines.cmd_run import RichReporter
     from pipelines.orchestrate import ExperimentFlow, RunOptions, summary_lines
+    from pipelines.progress import RichReporter
     from trainer.data import build_demo_corpus
     from validation.loader import load_spec
     from validation.preflight import make_plan, render_plan_text

@@ -31,8 +31,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pipelines.envinfo import package_version
-from validation.errors import LaunchError, SpecError
+from validation.environment import package_version
+from validation.errors import DoctorFailed, SpecError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS_ENV = "PIPELINE_CONSTRAINTS"
@@ -90,17 +90,6 @@ class DoctorReport:
         return {"host": self.host, "ok": self.ok,
                 "checks": [{"section": c.section, "name": c.name, "level": str(c.level), "message": c.message}
                            for c in self.checks]}
-
-
-class DoctorFailed(LaunchError):
-    """The startup checklist found errors on a machine; nothing was launched."""
-
-    exit_code = 11
-
-    def __init__(self, report: DoctorReport):
-        self.report = report
-        errors = "; ".join(f"{c.section}/{c.name}: {c.message}" for c in report.errors)
-        super().__init__(f"doctor refused the launch on {report.host}: {errors}")
 
 
 # --------------------------------------------------------------------------- environment (pure)
@@ -209,15 +198,14 @@ def run_doctor_on_file(spec_path: Path, data_dir: Path | None = None, expect_wor
 
 
 def load_any_spec(path: Path) -> Any:
-    from pydantic import ValidationError
-
-    from validation.errors import Issue
-    from validation.spec import ExperimentSpec
+    """The spec of a `spec.resolved.json` (the resolved experiment a launch runs) or of an experiment YAML."""
+    from validation.errors import Issue, PipelineError
+    from validation.resolved import load_resolved
 
     if path.suffix == ".json":
         try:
-            return ExperimentSpec.model_validate(json.loads(path.read_text()))
-        except (OSError, ValueError, ValidationError) as exc:
+            return load_resolved(path).spec
+        except PipelineError as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise SpecError([Issue(str(path), 1, 1, "spec", first)]) from exc
     from validation.loader import load_spec
@@ -249,7 +237,7 @@ def _check_environment(report: DoctorReport, constraints_path: Path | None) -> N
 def _check_resources(report: DoctorReport, spec: Any, gpu: bool, procs: int, work_dir: Path) -> None:
     params = spec.model.parameter_count()
     if gpu:
-        from pipelines.envinfo import accelerators
+        from validation.environment import accelerators
 
         acc = accelerators()
         if acc["gpu_count"] < procs:

@@ -20,17 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.identity import CodeVersion, RunIdentity, code_version, experiment_key
-from pipelines.rundir import (
-    atomic_write_json,
-    atomic_write_text,
-    finished_training_runs,
-    new_run_dir,
-    read_json,
-    runs_root,
-)
+from pipelines.rundir import finished_training_runs, new_run_dir, runs_root
 from pipelines.stages import StageOutcome, StageRunner
-from validation.errors import PipelineError, TrainingError, UsageError
-from validation.spec import ExperimentSpec
+from validation.errors import Detached, PipelineError, TrainingError
+from validation.files import atomic_write_json, atomic_write_text, read_json
+from validation.resolved import RESOLVED_FILE, ResolvedExperiment, resolve
+from validation.spec import CHAMPION, ExperimentSpec
 
 
 def repo_root_of(path: Path) -> Path:
@@ -81,8 +76,7 @@ class Reporter:
 class ExperimentResult:
     """The outcome of one experiment (all its seeds)."""
 
-    spec: ExperimentSpec
-    spec_path: Path
+    resolved: ResolvedExperiment
     run_dir: Path
     data_version: str
     seed_dirs: list[Path]
@@ -92,38 +86,13 @@ class ExperimentResult:
     verdict_reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def spec(self) -> ExperimentSpec:
+        return self.resolved.spec
 
-def seeds_of(spec: ExperimentSpec) -> list[int]:
-    return [spec.train.seed + i for i in range(spec.hypothesis.seeds)]
-
-
-def with_seed(spec: ExperimentSpec, seed: int) -> ExperimentSpec:
-    data = spec.model_dump(mode="json", by_alias=True)
-    data["train"]["seed"] = seed
-    return ExperimentSpec.model_validate(data)
-
-
-def with_planned_layout(spec: ExperimentSpec) -> ExperimentSpec:
-    """`parallel: auto` resolved to the preflight plan's layout: the trainer makes no decisions."""
-    if not isinstance(spec.parallel, str):
-        return spec
-    from validation.preflight import plan_parallel
-
-    data = spec.model_dump(mode="json", by_alias=True)
-    layout = plan_parallel(spec).layout()
-    data["parallel"] = layout.model_dump(mode="json")
-    return ExperimentSpec.model_validate(data)
-
-
-def baseline_path(spec: ExperimentSpec, spec_path: Path) -> Path | None:
-    """The baseline experiment file, or None for `champion` (compared via the registry)."""
-    name = spec.hypothesis.baseline
-    if name == "champion" or name == spec.name:
-        return None
-    path = spec_path.resolve().parent / f"{name}.yaml"
-    if not path.is_file():
-        raise UsageError(f"{spec_path}: hypothesis.baseline: experiment '{name}' not found at {path}")
-    return path
+    @property
+    def spec_path(self) -> Path | None:
+        return Path(self.resolved.spec_file) if self.resolved.spec_file else None
 
 
 class ExperimentFlow:
@@ -142,27 +111,49 @@ class ExperimentFlow:
 
     def run(self, spec_path: Path) -> tuple[ExperimentResult, ExperimentResult | None]:
         """The whole flow for `spec_path`; returns (candidate, baseline)."""
-        from validation.loader import load_spec
-
-        spec = load_spec(spec_path)
+        resolved = resolve(spec_path, self.repo)
+        spec = resolved.spec
         baseline: ExperimentResult | None = None
-        base_file = baseline_path(spec, spec_path)
-        if base_file is not None and self.options.run_baseline:
-            base_spec = load_spec(base_file)
+        if resolved.baseline.file is not None and self.options.run_baseline:
             # Paired comparison: the baseline runs on the candidate's seeds.
+            base_resolved = resolve(Path(resolved.baseline.file), self.repo, seeds=resolved.seeds)
+            if spec.sweep is None and base_resolved.spec_hash == resolved.spec_hash:
+                return self.run_identical(resolved, base_resolved), None  # A/A: nothing to train or judge
             try:
-                baseline = self.run_one(base_spec, base_file, seeds=seeds_of(spec), role="baseline")
+                baseline = self.run_one(base_resolved, role="baseline")
             except Detached:
                 baseline = None  # submitted; go on and submit the candidate too
         if self.options.detach and spec.sweep is not None:
             raise PipelineError(f"{spec_path}: --detach does not support sweeps yet; run the sweep attached")
         if spec.sweep is not None:
-            candidate = self.run_sweep(spec, spec_path, baseline)
+            candidate = self.run_sweep(resolved, baseline)
         else:
-            candidate = self.run_one(spec, spec_path, seeds=seeds_of(spec), role="candidate", baseline=baseline)
+            candidate = self.run_one(resolved, role="candidate", baseline=baseline)
         return candidate, baseline
 
-    def run_sweep(self, spec: ExperimentSpec, spec_path: Path, baseline: ExperimentResult | None) -> ExperimentResult:
+    def run_identical(self, resolved: ResolvedExperiment, base: ResolvedExperiment) -> ExperimentResult:
+        """A candidate whose identity is its baseline's (same code, spec hash, so data and seeds):
+        no training, no verdict, no tags, 0 device-hours; the comment says so (reports.identical)."""
+        from reports.identical import OUTCOME, build_identical_report, cosmetic_differences, reason
+
+        spec = resolved.spec
+        run_id = experiment_key(self.code, resolved.spec_hash, "identical:" + base.spec.name, resolved.seeds)
+        run_dir = new_run_dir(self.repo, spec.name, run_id)
+        resolved.write(run_dir / RESOLVED_FILE)
+        atomic_write_json(run_dir / "identity.json", {
+            "experiment": spec.name, "role": "candidate", "run_id": run_id, "seeds": resolved.seeds,
+            "code_version": self.code.tree, "git_sha": self.code.git_sha, "spec_hash": resolved.spec_hash,
+            "identical_to": base.spec.name, "pr": self.options.pr})
+        differences = cosmetic_differences(spec.model_dump(mode="json"), base.spec.model_dump(mode="json"))
+        out_dir = build_identical_report(run_dir / "report", spec.name, base.spec.name, differences,
+                                         spec.hypothesis.model_dump(mode="json"))
+        result = ExperimentResult(resolved, run_dir, "", [], [], report_dir=out_dir, verdict=OUTCOME,
+                                  verdict_reason=reason(spec.name, base.spec.name))
+        self._publish(result, out_dir)
+        self.reporter.stage(spec.name, "report", "finished", f"identical to {base.spec.name}")
+        return result
+
+    def run_sweep(self, resolved: ResolvedExperiment, baseline: ExperimentResult | None) -> ExperimentResult:
         """Every trial as a normal run (own identity, own run dir); the winner is the candidate."""
         from pipelines.sweep import (
             TrialOutcome,
@@ -172,12 +163,13 @@ class ExperimentFlow:
             selection,
         )
 
+        spec = resolved.spec
         metric, mode = selection(spec)
         outcomes: list[TrialOutcome] = []
         results: dict[int, ExperimentResult] = {}
-        for trial in expand_trials(spec):
+        for trial in expand_trials(resolved):
             try:
-                res = self.run_one(trial.spec, spec_path, seeds=seeds_of(spec), role="trial", baseline=baseline)
+                res = self.run_one(trial.resolved, role="trial", baseline=baseline)
             except TrainingError as exc:  # a failed trial is reported, not hidden
                 outcomes.append(TrialOutcome(trial, "failed", None, str(exc).splitlines()[0][:200]))
                 continue
@@ -208,20 +200,15 @@ class ExperimentFlow:
         return chosen
 
     def run_one(
-        self,
-        spec: ExperimentSpec,
-        spec_path: Path,
-        *,
-        seeds: list[int],
-        role: str,
-        baseline: ExperimentResult | None = None,
+        self, resolved: ResolvedExperiment, *, role: str, baseline: ExperimentResult | None = None
     ) -> ExperimentResult:
+        spec, seeds = resolved.spec, resolved.seeds
         name = spec.name
         rep = self.reporter
         started = time.time()
 
-        # The caller loaded the spec with `load_spec`, which is the validation (schema, rules,
-        # hostile-input limits); the stage marker below records it in the run directory.
+        # The caller resolved the spec (`validation.resolved.resolve`: schema, rules, hostile-input
+        # limits, baseline, layout vs the execution capability); the stage marker records it.
         rep.stage(name, "validate", "finished", f"spec {spec.spec_hash()}")
 
         rep.stage(name, "prepare", "started")
@@ -232,25 +219,26 @@ class ExperimentFlow:
         run_dir = new_run_dir(self.repo, name, run_id)
         # One process at a time per run directory (two PRs needing the same baseline).
         with identity_lock(runs_root(self.repo), f"run-{run_id}"):
-            return self._run_stages(spec, spec_path, seeds=seeds, role=role, baseline=baseline, prepared=prepared,
+            return self._run_stages(resolved, role=role, baseline=baseline, prepared=prepared,
                                     run_id=run_id, run_dir=run_dir, started=started)
 
-    def _run_stages(self, spec: ExperimentSpec, spec_path: Path, *, seeds: list[int], role: str,
-                    baseline: ExperimentResult | None, prepared: Any, run_id: str, run_dir: Path,
-                    started: float) -> ExperimentResult:
+    def _run_stages(self, resolved: ResolvedExperiment, *, role: str, baseline: ExperimentResult | None,
+                    prepared: Any, run_id: str, run_dir: Path, started: float) -> ExperimentResult:
+        spec, seeds = resolved.spec, resolved.seeds
+        spec_path = str(resolved.spec_file or run_dir / RESOLVED_FILE)
         name, rep = spec.name, self.reporter
         ident = f"{self.code.tree}:{spec.spec_hash()}:{prepared.version}:{','.join(map(str, seeds))}"
         stages = StageRunner(run_dir, ident, on_event=lambda s, e, r: rep.stage(name, s, e, _detail(r)) if s not in ("validate", "prepare") else None)
-        atomic_write_json(run_dir / "spec.resolved.json", spec.resolved_dict())
+        resolved.write(run_dir / RESOLVED_FILE)
         atomic_write_json(
             run_dir / "identity.json",
             {"experiment": name, "role": role, "run_id": run_id, "seeds": seeds, "code_version": self.code.tree,
              "git_sha": self.code.git_sha, "dirty": self.code.dirty, "spec_hash": spec.spec_hash(),
-             "data_version": prepared.version, "spec_path": str(spec_path.resolve()), "pr": self.options.pr},
+             "data_version": prepared.version, "spec_path": spec_path, "pr": self.options.pr},
         )
         stages.run("validate", lambda: StageOutcome(
-            outputs={"spec_path": str(spec_path.resolve()), "spec_hash": spec.spec_hash()},
-            artifacts=[(run_dir / "spec.resolved.json", "json")]))
+            outputs={"spec_path": spec_path, "spec_hash": spec.spec_hash()},
+            artifacts=[(run_dir / RESOLVED_FILE, "json")]))
         stages.run("prepare", lambda: StageOutcome(
             outputs={"data_version": prepared.version, "data_dir": str(prepared.path)},
             artifacts=[(prepared.path / "manifest.json", "json")]))
@@ -259,14 +247,14 @@ class ExperimentFlow:
         stages.run("check", lambda: self._check(spec, prepared, base_prepared, run_dir / "check"), force=self.options.force)
         # The smoke run guards the change under review; a baseline is not under review.
         if self.options.smoke and role != "baseline":
-            stages.run("smoke", lambda: self._smoke(spec, prepared, run_dir / "smoke"), force=self.options.force)
+            stages.run("smoke", lambda: self._smoke(resolved, prepared, run_dir / "smoke"), force=self.options.force)
 
         seed_dirs: list[Path] = []
         reused: list[bool] = []
 
         def train() -> StageOutcome:
             for seed in seeds:
-                d, was_reused = self._train_seed(spec, seed, prepared, run_dir, role)
+                d, was_reused = self._train_seed(resolved, seed, prepared, run_dir, role)
                 seed_dirs.append(d)
                 reused.append(was_reused)
             return StageOutcome(
@@ -286,7 +274,7 @@ class ExperimentFlow:
             reused = [True] * len(seed_dirs)
 
         stages.run("evaluate", lambda: self._evaluate(spec, seed_dirs, run_dir), force=self.options.force)
-        result = ExperimentResult(spec, spec_path, run_dir, prepared.version, seed_dirs, reused)
+        result = ExperimentResult(resolved, run_dir, prepared.version, seed_dirs, reused)
         if role == "candidate":
             rep_stage = stages.run("report", lambda: self._report(result, baseline), force=True)
             result.report_dir = Path(rep_stage.outputs["report_dir"])
@@ -321,19 +309,13 @@ class ExperimentFlow:
             raise DataCheckFailed(f"data checks failed for {spec.name}; see {out_dir / 'data_check.md'}")
         return StageOutcome(outputs=outputs, artifacts=[(out_dir / "data_check.json", "json"), (out_dir / "data_check.md", "file")])
 
-    def _smoke(self, spec: ExperimentSpec, prepared, out_dir: Path) -> StageOutcome:
+    def _smoke(self, resolved: ResolvedExperiment, prepared: Any, out_dir: Path) -> StageOutcome:
         from trainer.smoke import run_smoke
 
+        spec = resolved.spec
         out_dir.mkdir(parents=True, exist_ok=True)
-        previous = os.environ.get("TRAINER_CONSOLE_LEVEL")
-        os.environ["TRAINER_CONSOLE_LEVEL"] = "WARNING"  # details stay in the smoke run's logs/
-        try:
-            result = run_smoke(spec, prepared, out_dir / "run", tracking_uri="none")
-        finally:
-            if previous is None:
-                os.environ.pop("TRAINER_CONSOLE_LEVEL", None)
-            else:
-                os.environ["TRAINER_CONSOLE_LEVEL"] = previous
+        # Details stay in the smoke run's logs/; the console shows warnings only.
+        result = run_smoke(resolved, prepared, out_dir / "run", tracking_uri="none", console_level="WARNING")
         atomic_write_json(out_dir / "smoke.json", result)
         if result.get("status") != "passed":
             failed = [k for k, ok in result.get("checks", {}).items() if not ok]
@@ -341,36 +323,47 @@ class ExperimentFlow:
         return StageOutcome(outputs={"tokens_per_s": result.get("tokens_per_s"), "wall_s": result.get("wall_s")},
                             artifacts=[(out_dir / "smoke.json", "json")])
 
-    def _train_seed(self, spec: ExperimentSpec, seed: int, prepared, run_dir: Path, role: str) -> tuple[Path, bool]:
-        identity = RunIdentity(spec.name, seed, self.code, spec.spec_hash(), prepared.version)
+    def _train_seed(self, resolved: ResolvedExperiment, seed: int, prepared: Any, run_dir: Path,
+                    role: str) -> tuple[Path, bool]:
+        spec = resolved.spec
+        identity = RunIdentity(spec.name, seed, self.code, resolved.spec_hash, prepared.version)
         # Two `pipeline run`s that need the same training (two PRs, one baseline) must not
         # train it twice into one directory: the second waits, then reuses the result.
         with identity_lock(runs_root(self.repo), identity.key):
-            return self._train_seed_locked(spec, seed, prepared, run_dir, role, identity)
+            return self._train_seed_locked(resolved, seed, prepared, run_dir, role, identity)
 
-    def _train_seed_locked(self, spec: ExperimentSpec, seed: int, prepared, run_dir: Path, role: str,
-                           identity: RunIdentity) -> tuple[Path, bool]:
+    def _train_seed_locked(self, resolved: ResolvedExperiment, seed: int, prepared: Any, run_dir: Path,
+                           role: str, identity: RunIdentity) -> tuple[Path, bool]:
+        spec = resolved.spec
+        from reports.prereg import register_hypothesis
+
         existing = finished_training_runs(self.repo).get(identity.key)
         if existing is not None and not self.options.force:
             self.reporter.stage(spec.name, "train", "reused", f"seed {seed}: {existing}")
+            if role != "baseline":  # its hypothesis meets results that already exist: say so
+                register_hypothesis(existing, spec.name, spec.hypothesis, resolved.seeds, results_existed=True)
             return existing, True
         seed_dir = run_dir / "train" / f"seed-{seed}"
         seed_dir.mkdir(parents=True, exist_ok=True)
-        seeded = with_planned_layout(with_seed(spec, seed))
-        atomic_write_json(seed_dir / "spec.resolved.json", seeded.resolved_dict())
+        seeded = resolved.for_seed(seed)
+        seeded.write(seed_dir / RESOLVED_FILE)
         launcher = self.options.launcher or spec.resource.launcher
+        # Preregistration: the hypothesis as it is when training starts (reports.prereg); the
+        # identity carries it into the MLflow tag `pipeline.hypothesis_registered`.
+        registered = register_hypothesis(seed_dir, spec.name, spec.hypothesis, resolved.seeds)
         atomic_write_json(
             seed_dir / "identity.json",
             identity.to_dict(run_id=f"{run_dir.name}-s{seed}", pr=self.options.pr, launcher=launcher,
-                             head_sha=self.options.sha, role=role),
+                             head_sha=self.options.sha, role=role,
+                             hypothesis_registered=json.dumps(registered["hypothesis"], sort_keys=True)),
         )
         from pipelines.launchers import get_launcher, job_from_spec, run_with_retries
 
         job = job_from_spec(
-            seeded, spec_path=seed_dir / "spec.resolved.json", run_dir=seed_dir, data_dir=prepared.path,
+            seeded.spec, spec_path=seed_dir / RESOLVED_FILE, run_dir=seed_dir, data_dir=prepared.path,
             tracking_uri=self.tracking_uri, env={"MLFLOW_TRACKING_URI": self.tracking_uri},
         )
-        total = spec.total_steps(spec.parallel_layout().dp)
+        total = resolved.compute.steps
         running = self._still_running(seed_dir)
         if self.options.detach:
             if running is None:
@@ -402,6 +395,10 @@ class ExperimentFlow:
             done()
         state = outcome.state if outcome is not None else None
         result = read_json(seed_dir / "result.json")
+        if result and result.get("status") == "diverged":
+            # A diverged run is an outcome, not a crash: the report says "refuted: diverged at step k".
+            self.reporter.stage(spec.name, "train", "diverged", f"seed {seed} at step {result.get('diverged_at_step')}")
+            return seed_dir, False
         if not result or result.get("status") != "finished":
             status = result.get("status") if result else "no result.json"
             reason = (result or {}).get("reason") or (result or {}).get("message") or getattr(state, "detail", "")
@@ -479,10 +476,11 @@ class ExperimentFlow:
         for d in seed_dirs:
             result = read_json(d / "result.json") or {}
             metrics = result.get("final_metrics") or {}
-            value = metrics.get(metric)
-            if value is None or not math.isfinite(float(value)):
-                raise TrainingError(f"{d}: result.json has no finite value for the hypothesis metric {metric}")
-            per_seed[d.name] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+            # A NaN or missing metric (a diverged run) is recorded as None and judged by the
+            # report ("refuted: candidate diverged"), never an abort of the whole flow.
+            per_seed[d.name] = {k: (float(v) if isinstance(v, int | float) and math.isfinite(float(v)) else None)
+                                for k, v in metrics.items() if isinstance(v, int | float) or v is None}
+            per_seed[d.name].setdefault(metric, None)
         out = run_dir / "evaluation.json"
         atomic_write_json(out, {"experiment": spec.name, "metric": metric, "per_seed": per_seed})
         return StageOutcome(outputs={"metric": metric, "values": {k: v[metric] for k, v in per_seed.items()}},
@@ -496,6 +494,8 @@ class ExperimentFlow:
             candidate_dirs=candidate.seed_dirs,
             baseline_dirs=baseline.seed_dirs if baseline else self._champion_records(candidate.spec),
             spec=candidate.spec,
+            experiment=candidate.spec.name,
+            baseline_name=baseline.spec.name if baseline else None,  # champion: its run's experiment
             out_dir=out_dir,
             mlflow_url=os.environ.get("PIPELINE_MLFLOW_PUBLIC_URL"),
             mlflow_client=self._mlflow_client(),
@@ -536,7 +536,7 @@ class ExperimentFlow:
         """The promoted model's training run (registry alias `champion`) as the baseline, when
         the hypothesis names `champion` and the registry has one; [] otherwise (the report then
         says there is no baseline run)."""
-        if spec.hypothesis.baseline != "champion":
+        if spec.hypothesis.baseline != CHAMPION:
             return []
         client = self._mlflow_client()
         if client is None:
@@ -545,7 +545,7 @@ class ExperimentFlow:
 
         name = os.environ.get("PIPELINE_REGISTRY_MODEL", "gitops-train")
         try:
-            version = client.get_model_version_by_alias(name, "champion")
+            version = client.get_model_version_by_alias(name, CHAMPION)
             run = client.get_run(version.run_id)
             experiment = client.get_experiment(run.info.experiment_id).name
             return records_from_mlflow(client, experiment, f"attributes.run_id = '{version.run_id}'")
@@ -559,9 +559,18 @@ class ExperimentFlow:
             return
         for d in candidate.seed_dirs:
             run_id = (read_json(d / "result.json") or {}).get("mlflow_run_id")
-            if run_id:
+            # Only runs the candidate trained: a run reused from another experiment with the same
+            # identity (its baseline, in an A/A case) must not carry the candidate's verdict.
+            trained_for = (read_json(d / "identity.json") or {}).get("experiment")
+            if run_id and trained_for in (None, candidate.spec.name):
                 try:
                     client.set_tag(run_id, "pipeline.verdict", str(outcome))
+                    # Provenance for promotion (pipelines/github/promote.py): the PR and the
+                    # train workflow's run, which promotion checks against the GitHub API.
+                    if self.options.pr:
+                        client.set_tag(run_id, "pipeline.pr", str(self.options.pr))
+                    if os.environ.get("GITHUB_ACTIONS") == "true" and os.environ.get("GITHUB_RUN_ID", "").isdigit():
+                        client.set_tag(run_id, "pipeline.github_run_id", os.environ["GITHUB_RUN_ID"])
                 except Exception:  # best effort, see _mlflow_client
                     pass
 
@@ -571,6 +580,13 @@ class ExperimentFlow:
         from pipelines.github.comment import StickyComment
 
         body = (report_dir / "report.md").read_text(encoding="utf-8")
+        export = os.environ.get("PIPELINE_REPORT_EXPORT")
+        if export:
+            # In the train workflow: a short job after training posts this with a fresh token
+            # (the training job's GITHUB_TOKEN lives at most 24 h; a training may take 72).
+            Path(export).mkdir(parents=True, exist_ok=True)
+            atomic_write_text(Path(export) / "report.md", body)
+            return Path(export) / "report.md"
         state = {"stage": "report"} | ({"validated_sha": self.options.sha} if self.options.sha else {})
         if self.options.pr and os.environ.get("GITHUB_TOKEN") and os.environ.get("GITHUB_REPOSITORY"):
             config = GitHubConfig.from_env(os.environ["GITHUB_REPOSITORY"])
@@ -583,12 +599,6 @@ class ExperimentFlow:
         path = Path(host.path_of(posted))
         atomic_write_text(report_dir / "comment.md", path.read_text(encoding="utf-8"))
         return report_dir / "comment.md"
-
-
-class Detached(PipelineError):
-    """`--detach`: trainings were submitted and keep running without this process."""
-
-    exit_code = 0
 
 
 def checkpoint_gb(spec: ExperimentSpec) -> float:

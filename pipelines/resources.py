@@ -5,13 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from validation.errors import PipelineError
-
-
-class DiskSpaceError(PipelineError):
-    """Not enough free disk to start work that writes a lot."""
-
-    exit_code = 12
+from validation.errors import DiskSpaceError
 
 
 def free_gb(path: Path) -> float:

@@ -11,39 +11,15 @@ exist as far as any reader is concerned. Paths are absolute everywhere.
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
+# The one atomic write and JSON reader (re-exported: run directories are their main users).
+from validation.files import atomic_write_json, atomic_write_text, read_json
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` so a reader sees the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def read_json(path: Path) -> Any | None:
-    """The parsed JSON at `path`, or None when it is missing or unreadable."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+__all__ = ["atomic_write_json", "atomic_write_text", "find_run_dir", "finished_training_runs", "new_run_dir",
+           "read_json", "resolve_run", "runs_root"]
 
 
 def runs_root(repo: Path) -> Path:

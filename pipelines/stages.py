@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from pipelines.rundir import atomic_write_json, read_json
-from validation.errors import PipelineError
+from validation.errors import ArtifactError
+from validation.files import atomic_write_json, read_json
 
 STAGES = ("validate", "prepare", "check", "smoke", "train", "evaluate", "report")
 
@@ -38,12 +38,6 @@ class StageResult(BaseModel):
     @property
     def duration_s(self) -> float:
         return self.finished_at - self.started_at
-
-
-class ArtifactError(PipelineError):
-    """A stage reported success but its artifact is missing, empty or unparsable."""
-
-    exit_code = 11
 
 
 def check_artifact(path: Path, *, kind: str = "file", min_bytes: int = 1) -> None:

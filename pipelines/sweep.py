@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from validation.resolved import ResolvedExperiment, rebuild, resolve_spec
 from validation.spec import ExperimentSpec
 
 
@@ -21,14 +22,17 @@ class Trial:
     index: int
     name: str
     overrides: dict[str, Any]
-    spec: ExperimentSpec
+    resolved: ResolvedExperiment
+    """The trial resolved like any experiment (its own layout, seeds, FLOPs)."""
+
+    @property
+    def spec(self) -> ExperimentSpec:
+        return self.resolved.spec
 
     @property
     def cost(self) -> float:
-        """Training FLOPs proxy (6 N T): what a tie is broken by."""
-        s = self.spec
-        tokens = s.total_steps(s.parallel_layout().dp) * s.global_batch(s.parallel_layout().dp) * s.data.seq_len
-        return 6.0 * s.model.parameter_count() * tokens
+        """Training FLOPs (`validation.flops`, from the resolved trial): what a tie is broken by."""
+        return self.resolved.compute.training_flops
 
 
 @dataclass(frozen=True)
@@ -41,16 +45,10 @@ class TrialOutcome:
     detail: str = ""
 
 
-def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node = data
-    for key in keys[:-1]:
-        node = node[key]
-    node[keys[-1]] = value
-
-
-def expand_trials(spec: ExperimentSpec) -> list[Trial]:
-    """Trial specs of `spec.sweep`: the grid (or a seeded random sample of it), bounded by max_trials."""
+def expand_trials(resolved: ResolvedExperiment) -> list[Trial]:
+    """Trials of the sweep: the grid (or a seeded random sample of it), bounded by max_trials,
+    each built through validation and resolved (on the experiment's seeds)."""
+    spec = resolved.spec
     sweep = spec.sweep
     assert sweep is not None
     paths = list(sweep.parameters)
@@ -60,13 +58,11 @@ def expand_trials(spec: ExperimentSpec) -> list[Trial]:
     combos = combos[: sweep.max_trials]
     trials = []
     for i, combo in enumerate(combos, 1):
-        data = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-        data.pop("sweep", None)
         overrides = dict(zip(paths, combo, strict=True))
-        for path, value in overrides.items():
-            _set_path(data, path, value)
-        data["name"] = f"{spec.name[:56]}-t{i}"
-        trials.append(Trial(i, data["name"], overrides, ExperimentSpec.model_validate(data)))
+        name = f"{spec.name[:56]}-t{i}"
+        trial_spec = rebuild(spec, {**overrides, "sweep": None, "name": name})
+        trial = resolve_spec(trial_spec, resolved.repo_root, seeds=resolved.seeds)
+        trials.append(Trial(i, name, overrides, trial))
     return trials
 
 

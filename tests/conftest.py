@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from validation.environment import apply_offline_env
+
 # Every process a test starts inherits these (MLflow phones home on import otherwise).
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("DO_NOT_TRACK", "true")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+apply_offline_env()
 
 INFRA = Path(__file__).resolve().parent / "infra"
 

@@ -17,8 +17,8 @@ from pipelines.doctor import (
     parse_constraints,
     run_doctor,
 )
-from pipelines.envinfo import env_fingerprint, fingerprint_diff, package_version
 from pipelines.launchers.local import LocalLauncher
+from validation.environment import env_fingerprint, fingerprint_diff, package_version
 from validation.spec import ExperimentSpec
 
 

@@ -12,6 +12,7 @@ from pipelines.sweep import (
     select_winner,
     selection,
 )
+from validation.resolved import ResolvedExperiment, resolve_spec
 from validation.spec import ExperimentSpec
 
 pytestmark = pytest.mark.unit
@@ -27,8 +28,8 @@ SPEC = {
 }
 
 
-def _spec(sweep: dict) -> ExperimentSpec:
-    return ExperimentSpec.model_validate(SPEC | {"sweep": sweep})
+def _spec(sweep: dict) -> ResolvedExperiment:
+    return resolve_spec(ExperimentSpec.model_validate(SPEC | {"sweep": sweep}), ".")
 
 
 def test_grid_expands_every_combination_as_valid_specs() -> None:
@@ -52,7 +53,7 @@ def test_winner_by_metric_then_cost_and_failures_stay_visible() -> None:
     spec = _spec({"parameters": {"model.num_layers": [2, 4], "train.lr": [0.001]}, "max_trials": 2})
     small, big = expand_trials(spec)
     assert small.cost < big.cost
-    metric, mode = selection(spec)
+    metric, mode = selection(spec.spec)
     assert (metric, mode) == ("eval/loss", "min")
     tie = [TrialOutcome(big, "finished", 2.0), TrialOutcome(small, "finished", 2.0)]
     assert select_winner(tie, mode).trial is small  # equal metric: the cheaper trial wins

@@ -17,6 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from validation import preflight
+from validation.capability import EVERY_LAYOUT, ExecutionCapability
 from validation.errors import SpecError
 from validation.preflight import (
     FRAMEWORK_OVERHEAD_BYTES_CPU,
@@ -30,14 +32,22 @@ from validation.preflight import (
     approval_tier,
     estimate_compute,
     estimate_memory,
-    make_plan,
-    plan_parallel,
     render_plan_markdown,
     render_plan_text,
 )
 from validation.spec import ExperimentSpec, ParallelLayout
 
 pytestmark = pytest.mark.unit
+
+
+# The planner is studied over its whole search space (FSDP, TP, PP); what the trainer runs
+# today (`validation.capability.TRAINER`) is tested on its own at the end of the section.
+def plan_parallel(spec: ExperimentSpec, **kwargs: Any) -> preflight.ParallelPlan:
+    return preflight.plan_parallel(spec, **{"capability": EVERY_LAYOUT, **kwargs})
+
+
+def make_plan(spec: ExperimentSpec, **kwargs: Any) -> preflight.Plan:
+    return preflight.make_plan(spec, **{"capability": EVERY_LAYOUT, **kwargs})
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 256}
 LLAMA_7B = {
@@ -295,11 +305,12 @@ def test_explicit_layout_reports_every_divisibility_problem_at_once():
     with pytest.raises(SpecError) as info:
         plan_parallel(spec)
     found = [(i.field, i.message) for i in info.value.issues]
-    assert [f for f, _ in found] == ["parallel", "parallel.tp", "parallel.tp", "parallel.pp"]
-    assert "dp x tp x pp = 9 but the resources give 8" in found[0][1]
-    assert "tp (3) must divide num_heads (4) and num_kv_heads (4)" in found[1][1]
-    assert "tp (3) must divide gpus_per_node (8)" in found[2][1]
-    assert "pp (3) must divide num_layers (2)" in found[3][1]
+    # The same checks, in the same words, as `pipeline validate` (validation.rules).
+    assert [f for f, _ in found] == ["parallel.tp", "parallel.tp", "parallel.pp", "parallel.dp"]
+    assert "tp=3 must divide model.num_heads (4)" in found[0][1]
+    assert "tp=3 must divide resource.gpus_per_node (8)" in found[1][1]
+    assert "pp=3 must divide model.num_layers (2)" in found[2][1]
+    assert "dp*tp*pp = 1*3*3 = 9 must equal the world size" in found[3][1]
 
 
 def test_explicit_tensor_parallel_on_cpu_is_refused():
@@ -307,7 +318,38 @@ def test_explicit_tensor_parallel_on_cpu_is_refused():
     with pytest.raises(SpecError) as info:
         plan_parallel(spec)
     (issue,) = info.value.issues
-    assert issue.field == "parallel.tp" and "need GPUs" in issue.message
+    assert issue.field == "parallel.tp" and "not executable on CPU processes" in issue.message
+
+
+def test_the_capability_limits_the_search_and_the_explicit_layouts():
+    # A trainer that runs data parallelism only: auto never picks FSDP/TP/PP for it...
+    dp_only = ExecutionCapability(gpu=frozenset({"dp"}), cpu=frozenset({"dp"}))
+    spec = make_spec(LLAMA_7B, resource={"gpus_per_node": 8, "gpu_type": "h100", "gpu_memory_gb": 80})
+    assert plan_parallel(spec).fsdp  # the planner alone would shard (see the 7B test above)
+    with pytest.raises(SpecError) as info:
+        preflight.plan_parallel(spec, capability=dp_only)
+    assert "no parallel layout fits" in info.value.issues[0].message
+    # ...and an explicit layout outside what the trainer runs (`TRAINER`, the default) is
+    # refused at its field, saying what to change.
+    explicit = make_spec(TINY_LLAMA, resource={"gpus_per_node": 2, "gpu_type": "a100"}, parallel={"dp": 1, "pp": 2})
+    with pytest.raises(SpecError) as info:
+        preflight.plan_parallel(explicit, locate=lambda f: ("experiments/x.yaml", 30, 3))
+    (issue,) = info.value.issues
+    assert (issue.file, issue.line, issue.field) == ("experiments/x.yaml", 30, "parallel.pp")
+    assert "set pp: 1 with dp = the world size, or parallel: auto" in issue.message
+
+
+def test_gpt2_tp_divisibility_agrees_with_validate():
+    # Regression: preflight accepted gpt2 num_kv_heads 2 with tp 4, the rules refused it.
+    gpt2 = {"model_type": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 8, "num_kv_heads": 2,
+            "vocab_size": 256}
+    spec = make_spec(gpt2, resource={"gpus_per_node": 4, "gpu_type": "a100"}, parallel={"dp": 1, "tp": 4})
+    assert plan_parallel(spec).tp == 4
+    llama = make_spec({**gpt2, "model_type": "llama"}, resource={"gpus_per_node": 4, "gpu_type": "a100"},
+                      parallel={"dp": 1, "tp": 4})
+    with pytest.raises(SpecError) as info:
+        plan_parallel(llama)
+    assert [i.message for i in info.value.issues] == ["tp=4 must divide model.num_kv_heads (2)"]
 
 
 def test_explicit_layout_is_verified_and_estimated():
@@ -419,8 +461,9 @@ def test_tiny_cpu_compute_by_hand():
     assert (compute.steps, compute.global_batch, compute.tokens) == (100, 32, tokens)
     assert compute.model_flops == 6 * 123_200 * tokens
     assert compute.attention_flops == 12 * 2 * 64 * 128 * tokens
-    assert (compute.peak_tflops_per_device, compute.peak_source) == (1.0, "table:cpu")
-    expected_wall = (6 * 123_200 + 12 * 2 * 64 * 128) * tokens / (2 * 1.0e12 * 0.35)
+    # A CPU process is estimated at one thread's peak (validation.flops: 0.16 TFLOPS per thread).
+    assert (compute.peak_tflops_per_device, compute.peak_source) == (0.16, "cpu:per-thread")
+    expected_wall = (6 * 123_200 + 12 * 2 * 64 * 128) * tokens / (2 * 0.16e12 * 0.35)
     assert compute.wall_seconds == pytest.approx(expected_wall)
     assert compute.gpu_hours == 0.0 and compute.device_hours == pytest.approx(expected_wall * 2 / 3600)
     assert compute.fits_time_limit

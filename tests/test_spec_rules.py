@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from validation import rules
+from validation.capability import EVERY_LAYOUT, TRAINER, ExecutionCapability
 from validation.loader import load_spec
 from validation.spec import ExperimentSpec
 
@@ -32,8 +33,10 @@ def spec_with(changes: dict[str, Any]) -> ExperimentSpec:
     return ExperimentSpec.model_validate(data)
 
 
-def violations(changes: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(".".join(map(str, v.path)), v.message) for v in rules.check(spec_with(changes))]
+def violations(changes: dict[str, Any], capability: ExecutionCapability = EVERY_LAYOUT) -> list[tuple[str, str]]:
+    """Violations of every rule; layouts are held to the planner's full space unless told otherwise
+    (what the trainer executes today is tested on its own, below)."""
+    return [(".".join(map(str, v.path)), v.message) for v in rules.check(spec_with(changes), capability)]
 
 
 @pytest.mark.unit
@@ -66,8 +69,10 @@ def test_base_breaks_no_rule():
             "= 2 must equal the world size resource.nodes*cpu_processes=1 = 1",
         ),
         ({**GPUS, "parallel": {"dp": 2}}, "parallel.dp", "gpus_per_node=4 = 4"),
-        ({"parallel": {"dp": 1, "fsdp": True}}, "parallel.fsdp", "needs GPUs"),
-        ({"resource.cpu_processes": 2, "parallel": {"dp": 1, "tp": 2}}, "parallel.tp", "needs GPUs"),
+        ({"parallel": {"dp": 1, "fsdp": True}}, "parallel.fsdp", "not executable on CPU processes"),
+        ({"resource.cpu_processes": 2, "parallel": {"dp": 1, "tp": 2}}, "parallel.tp", "not executable on CPU"),
+        ({**GPUS, "parallel": {"dp": 1, "tp": 3}, "resource.gpus_per_node": 4}, "parallel.tp",
+         "must divide resource.gpus_per_node (4)"),
         (
             {"train.global_batch_size": 32},
             "train.global_batch_size",
@@ -172,3 +177,34 @@ def test_token_budget_steps_feed_the_warmup_rule():
 def test_all_rules_run_and_report_together():
     found = violations({"data.seq_len": 512, "train.precision": "fp16", "hypothesis.baseline": "base"})
     assert [f for f, _ in found] == ["data.seq_len", "hypothesis.baseline", "train.precision"]
+
+
+@pytest.mark.unit
+def test_the_capability_refuses_what_the_trainer_cannot_run_and_says_what_to_change():
+    dp_only = ExecutionCapability(gpu=frozenset({"dp"}), cpu=frozenset({"dp"}))
+    found = violations({**GPUS, "parallel": {"dp": 2, "tp": 2}}, capability=dp_only)
+    assert [f for f, _ in found] == ["parallel.tp"]
+    assert "tensor parallelism is not executable on GPUs" in found[0][1]
+    assert "set tp: 1 with dp = the world size, or parallel: auto" in found[0][1]
+    assert [f for f, _ in violations({**GPUS, "parallel": {"dp": 4, "fsdp": True}}, capability=dp_only)] == [
+        "parallel.fsdp"
+    ]
+    assert violations({**GPUS, "parallel": {"dp": 4}}, capability=dp_only) == []
+    # A refused axis is reported once, by the refusal: how tp=3 would divide is moot.
+    assert [f for f, _ in violations({**GPUS, "parallel": {"dp": 1, "tp": 3}, "resource.gpus_per_node": 3},
+                                     capability=dp_only)] == ["parallel.tp"]
+    # The default is what the trainer runs (`TRAINER`); pipeline parallelism is not among it.
+    assert "pp" not in TRAINER.gpu
+    assert [v.path for v in rules.check(spec_with({**GPUS, "parallel": {"dp": 2, "pp": 2}}))] == [("parallel", "pp")]
+
+
+@pytest.mark.unit
+def test_gpt2_ignores_num_kv_heads_so_tp_divisibility_reads_its_heads():
+    # Regression: `rules` rejected gpt2 with num_kv_heads: 2 and tp: 4 while preflight accepted it
+    # (gpt2 has no grouped-query attention; the built model has num_heads key/value heads).
+    gpt2 = {**GPUS, "model.model_type": "gpt2", "model.num_heads": 8, "model.hidden_size": 64,
+            "model.num_kv_heads": 2, "parallel": {"dp": 1, "tp": 4}}
+    assert spec_with(gpt2).model.kv_heads == 8
+    assert violations(gpt2) == []
+    llama = {**gpt2, "model.model_type": "llama"}
+    assert violations(llama) == [("parallel.tp", "tp=4 must divide model.num_kv_heads (2)")]

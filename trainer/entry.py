@@ -7,23 +7,10 @@ after saving a checkpoint (orchestration resumes the run); 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def _environment() -> None:
-    for key, value in {
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "DO_NOT_TRACK": "true",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }.items():
-        os.environ.setdefault(key, value)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -38,16 +25,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _environment()
+    from validation.environment import apply_offline_env
+
+    apply_offline_env()
     args = parse_args(argv)
     from validation.errors import PipelineError
-    from validation.spec import ExperimentSpec
+    from validation.resolved import load_resolved
 
     try:
-        spec = ExperimentSpec.model_validate(json.loads(args.spec.read_text()))
-    except (OSError, ValueError) as exc:
+        # The resolve step's output: the spec to run (seed set, layout explicit and checked
+        # against the execution capability) and the facts derived from it.
+        resolved = load_resolved(args.spec, REPO_ROOT)
+    except PipelineError as exc:
         print(f"error: cannot read spec {args.spec}: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
+    spec = resolved.spec
     from trainer.tracking import default_tracking_uri
 
     uri = args.tracking_uri or default_tracking_uri(REPO_ROOT)
@@ -61,9 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         overfit = False
         if args.smoke:
             from trainer.data import PreparedData
-            from trainer.smoke import smoke_spec
+            from trainer.smoke import resolve_smoke
 
-            spec = smoke_spec(spec, PreparedData.open(args.data_dir, verify=False).vocab_size)
+            resolved = resolve_smoke(resolved, PreparedData.open(args.data_dir, verify=False).vocab_size)
+            spec = resolved.spec
             overfit = True
         trainer = Trainer(spec, args.run_dir, args.data_dir, tracking_uri=uri, overfit_one_batch=overfit)
         _, code = trainer.run()

@@ -1,6 +1,7 @@
 """The network, built from the spec's `model` section with transformers (never downloaded).
 
-Also the arithmetic the monitor needs: FLOPs per token (for MFU) and the device's peak.
+FLOPs per token and the device peak (for MFU) are resolved facts: `validation.flops` holds
+the one table and the one formula, and `spec.resolved.json` carries their values.
 """
 
 from __future__ import annotations
@@ -9,14 +10,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from validation.preflight import PEAK_TFLOPS_BF16 as DEFAULT_PEAK_TFLOPS
+from validation.flops import device_peak, flops_per_token
 
-# Dense peak per device for MFU when `resource.peak_tflops` is not given. GPUs: the same
-# vendor bf16 table the preflight estimate uses (one source of truth). CPU: per *thread*, the
-# AVX-512 fp32 FMA peak (2 FMA units x 16 lanes x 2 flops x ~2.5 GHz = 160 GFLOPS). A peak is
-# a ceiling, so it is not discounted for small memory-bound matmuls; it is documented, not
-# measured, so MFU on a CPU is a relative figure: compare runs on the same machine only.
-CPU_PEAK_TFLOPS_PER_THREAD = 0.16
+__all__ = ["bits_per_byte", "build_model", "flops_per_token", "hf_config", "load_weights", "parameter_count"]
 
 
 def hf_config(model_spec: Any, seq_len: int | None = None) -> Any:
@@ -94,27 +90,13 @@ def parameter_count(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def flops_per_token(model_spec: Any, seq_len: int, n_params: int) -> float:
-    """Training FLOPs per token: 6N for the matmuls plus 12·L·H·Q·T for attention (PaLM, app. B).
-
-    N excludes position embeddings (a lookup, no matmul); a tied embedding counts once,
-    as the output projection, which is a real matmul.
-    """
-    m = model_spec
-    n = n_params
-    if m.model_type == "gpt2":
-        n -= m.max_position_embeddings * m.hidden_size
-    attention = 12 * m.num_layers * m.hidden_size * seq_len
-    return 6.0 * n + attention
-
-
-def peak_flops(resource: Any, on_gpu: bool, threads: int) -> float:
-    """Peak FLOP/s of one device (one process on CPU)."""
-    if resource.peak_tflops:
-        return resource.peak_tflops * 1e12
-    if on_gpu:
-        return DEFAULT_PEAK_TFLOPS.get(resource.gpu_type, 312.0) * 1e12
-    return CPU_PEAK_TFLOPS_PER_THREAD * max(1, threads) * 1e12
+def peak_flops(resource: Any, on_gpu: bool, threads: int, precision: str = "bf16") -> float:
+    """Compatibility adapter for the training loop until it reads the resolved peak
+    (`ResolvedExperiment.compute.peak`); the table and the rule are `validation.flops.device_peak`."""
+    del on_gpu  # the resource says whether it is a GPU
+    peak = device_peak(resource, precision)
+    assert peak is not None, "an unknown gpu_type is refused by the resolve step"
+    return peak.flops_per_second(threads)
 
 
 def bits_per_byte(loss_nats: float, bytes_per_token: float) -> float:

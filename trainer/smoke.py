@@ -8,25 +8,31 @@ recorded. It is the last gate of the PR check before a maintainer says `/train`.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from validation.resolved import ResolvedExperiment, rebuild, resolve_spec
+from validation.spec import ExperimentSpec
+
 SMOKE_STEPS = 30
 SMOKE_CHECKPOINT_AT = 15
 
 
-def smoke_spec(spec: Any, tokenizer_vocab: int, steps: int = SMOKE_STEPS) -> Any:
-    """`spec` with a tiny model (hidden 64, 2 layers), short rows, one process, `steps` steps."""
+def smoke_spec(spec: ExperimentSpec, tokenizer_vocab: int, steps: int = SMOKE_STEPS) -> ExperimentSpec:
+    """`spec` with a tiny model (hidden 64, 2 layers), short rows, one CPU process, `steps` steps.
+
+    Built through validation (`validation.resolved.rebuild`), so the smoke spec is one a file could hold."""
     m = spec.model
     kv = 2 if (m.num_kv_heads and m.num_kv_heads < m.num_heads) else 4
     vocab = max(256, -(-tokenizer_vocab // 64) * 64)
     seq_len = min(spec.data.seq_len, 64)
-    model = m.model_copy(update={
+    model = {
         "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": kv, "intermediate_size": 128,
         "vocab_size": vocab, "max_position_embeddings": max(128, seq_len), "init_from": None,
-    })
+    }
     precision = spec.train.precision
     try:
         import torch
@@ -35,29 +41,48 @@ def smoke_spec(spec: Any, tokenizer_vocab: int, steps: int = SMOKE_STEPS) -> Any
             precision = "fp32"
     except ImportError:  # pragma: no cover - torch is a dependency of the trainer
         pass
-    train = spec.train.model_copy(update={
+    train = {
         "max_steps": steps, "token_budget": None, "micro_batch_size": 4, "grad_accum_steps": 1,
         "global_batch_size": None, "warmup_steps": 3, "lr": 3e-3, "schedule": "constant",
         "log_interval": 5, "eval_interval": 10**6, "checkpoint_interval": SMOKE_CHECKPOINT_AT,
         "keep_last": 2, "async_checkpoint": False, "compile": False, "precision": precision,
         "min_micro_batch_size": 1, "early_stopping_patience": 0, "deterministic": True, "eval_batches": 2,
-    })
-    data = spec.data.model_copy(update={"seq_len": seq_len})
-    resource = spec.resource.model_copy(update={"nodes": 1, "gpus_per_node": 0, "cpu_processes": 1})
-    return spec.model_copy(update={"model": model, "train": train, "data": data, "resource": resource,
-                                   "parallel": "auto"})
+    }
+    # One CPU process: the device peak is the CPU's (a GPU's `peak_tflops` would make MFU meaningless).
+    resource = {"nodes": 1, "gpus_per_node": 0, "cpu_processes": 1, "peak_tflops": None,
+                "launcher": "local", "partition": None, "rendezvous": None}
+    changes: dict[str, Any] = {f"model.{k}": v for k, v in model.items()}
+    changes |= {f"train.{k}": v for k, v in train.items()}
+    changes |= {f"resource.{k}": v for k, v in resource.items()}
+    changes |= {"data.seq_len": seq_len, "parallel": "auto", "sweep": None}
+    return rebuild(spec, changes)
 
 
-def run_smoke(spec: Any, prepared: Any, run_dir: Path, tracking_uri: str | None = None) -> dict[str, Any]:
+def resolve_smoke(resolved: ResolvedExperiment, tokenizer_vocab: int) -> ResolvedExperiment:
+    """The smoke spec of an experiment, resolved like any spec (layout, peak, FLOPs), one seed."""
+    small = smoke_spec(resolved.spec, tokenizer_vocab)
+    return resolve_spec(small, resolved.repo_root, seeds=[small.train.seed])
+
+
+def _console(level: str) -> None:
+    """Set the trainer's console handler to `level` (its log files keep everything)."""
+    for handler in logging.getLogger("trainer").handlers:
+        if type(handler) is logging.StreamHandler:
+            handler.setLevel(level.upper())
+
+
+def run_smoke(resolved: ResolvedExperiment, prepared: Any, run_dir: Path, tracking_uri: str | None = None,
+              console_level: str = "INFO") -> dict[str, Any]:
     """Train the shrunk model, then resume from its mid-run checkpoint; return the checks."""
     from trainer.loop import Trainer
 
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
-    small = smoke_spec(spec, prepared.vocab_size)
+    small = resolve_smoke(resolved, prepared.vocab_size).spec
     first = Trainer(small, run_dir / "train", prepared.path, tracking_uri=tracking_uri or "none",
                     overfit_one_batch=True, prepared=prepared)
+    _console(console_level)
     result, code = first.run()
     losses = dict(first.step_losses)
     values = list(losses.values())
@@ -77,6 +102,7 @@ def run_smoke(spec: Any, prepared: Any, run_dir: Path, tracking_uri: str | None 
         (resume_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         shutil.copytree(mid, resume_dir / "checkpoints" / mid.name)
         second = Trainer(small, resume_dir, prepared.path, tracking_uri="none", overfit_one_batch=True, prepared=prepared)
+        _console(console_level)
         second.run()
         resumed_losses = dict(second.step_losses)
     expected = {k: v for k, v in losses.items() if k > SMOKE_CHECKPOINT_AT}

@@ -31,7 +31,15 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from validation.errors import Issue, SpecError
-from validation.spec import ExperimentSpec
+from validation.paths import (
+    DATA_ROOTS_ENV,
+    EXPERIMENTS_DIR,
+    data_roots,
+    experiment_file,
+    experiment_names,
+    find_repo_root,
+)
+from validation.spec import CHAMPION, ExperimentSpec
 
 MAX_FILE_BYTES = 256 * 1024
 """An experiment is a few hundred lines; anything bigger is a mistake or an attack."""
@@ -45,8 +53,6 @@ MAX_EXTENDS_DEPTH = 5
 """`extends:` hops from the file being validated to the root of its chain."""
 MAX_INT_DIGITS = 30
 """Integers longer than this are rejected before any bound check (no 10**4000 parsing)."""
-EXPERIMENTS_DIR = "experiments"
-DATA_ROOTS_ENV = "PIPELINE_DATA_ROOTS"
 
 FILE_FIELD = "<file>"
 YAML_FIELD = "<yaml>"
@@ -158,24 +164,6 @@ def parse_dotted(text: str) -> PathKey:
             parts.append(match.group(1))
         parts.extend(int(i) for i in re.findall(r"\[(\d+)\]", match.group(2)))
     return tuple(parts)
-
-
-def find_repo_root(path: Path) -> Path:
-    """The nearest directory above `path` that holds `experiments/` (else the file's directory)."""
-    start = path.resolve().parent
-    for candidate in (start, *start.parents):
-        if (candidate / EXPERIMENTS_DIR).is_dir():
-            return candidate
-    return start
-
-
-def data_roots(repo_root: Path) -> list[Path]:
-    """Where data paths may point: `<repo>/data` plus every entry of `$PIPELINE_DATA_ROOTS`."""
-    roots = [repo_root / "data"]
-    for entry in os.environ.get(DATA_ROOTS_ENV, "").split(os.pathsep):
-        if entry.strip():
-            roots.append(Path(entry.strip()).expanduser())
-    return [Path(os.path.realpath(r)) for r in roots]
 
 
 def display_path(path: Path) -> str:
@@ -679,16 +667,14 @@ class _SpecLoader:
 
         hypothesis = data.get("hypothesis")
         baseline = hypothesis.get("baseline") if isinstance(hypothesis, dict) else None
-        experiments = self.repo_root / EXPERIMENTS_DIR
         if (
             isinstance(baseline, str)
-            and baseline not in ("champion", name, stem)
+            and baseline not in (CHAMPION, name, stem)
             and re.fullmatch(r"[a-z0-9][a-z0-9_-]{2,63}", baseline)
-            and experiments.is_dir()
-            and not any((experiments / f"{baseline}{ext}").is_file() for ext in (".yaml", ".yml"))
+            and (self.repo_root / EXPERIMENTS_DIR).is_dir()
+            and experiment_file(self.repo_root, baseline) is None
         ):
-            known = sorted(p.stem for p in experiments.glob("*.yaml"))
-            hint = _did_you_mean(baseline, known)
+            hint = _did_you_mean(baseline, experiment_names(self.repo_root))
             self.add_at(
                 doc,
                 ("hypothesis", "baseline"),

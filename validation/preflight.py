@@ -30,7 +30,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, NoReturn
 
+from validation.capability import TRAINER, ExecutionCapability
 from validation.errors import Issue, SpecError
+from validation.flops import (
+    PEAK_TFLOPS_BF16,
+    attention_flops_per_token,
+    device_peak,
+    matmul_parameters,
+)
 from validation.spec import ExperimentSpec, ParallelLayout, ResourceSpec
 
 GIB = 2**30
@@ -90,28 +97,10 @@ FRAMEWORK_OVERHEAD_BYTES_CPU = GIB // 2
 # Below this free share a layout "fits" but a warning says fragmentation may still OOM.
 LOW_HEADROOM_PCT = 10.0
 
-# Dense bf16 peak per device in TFLOPS (vendor data sheets, without sparsity).
-PEAK_TFLOPS_BF16: dict[str, float] = {
-    "h100": 989.0,
-    "h200": 989.0,
-    "b200": 2250.0,
-    "a100": 312.0,
-    "l40s": 362.0,
-    "l4": 121.0,
-    "a10g": 125.0,
-    "v100": 125.0,
-    "t4": 65.0,  # fp16 (no bf16 on Turing)
-    # CPUs vary too much for a table. 1 TFLOPS is a round placeholder that overstates a
-    # small machine (a 2-core laptop sustains ~0.1), so CPU wall-time estimates are
-    # optimistic; set `resource.peak_tflops` for a real figure. It never affects the
-    # tier: CPU runs cost no GPU-hours.
-    "cpu": 1.0,
-}
-
-# fp32 training on a GPU runs its matmuls on TF32 tensor cores at half the bf16 rate
-# (H100 494 vs 989, A100 156 vs 312). Applies to table entries only, not to an explicit
-# `resource.peak_tflops` or to CPUs.
-FP32_PEAK_FRACTION = 0.5
+# Peak FLOPS and FLOPs per token live in `validation.flops` (one table, one formula).
+# A CPU process is estimated at one thread's peak: a lower bound, so CPU wall-time
+# estimates err long rather than short. It never affects the tier: CPU runs cost no GPU-hours.
+ESTIMATE_THREADS_PER_CPU_PROCESS = 1
 
 # Approval tiers (budget in GPU-hours = devices x wall hours; CPU runs cost no GPU-hours).
 SMALL_TIER_MAX_GPU_HOURS = 1.0
@@ -229,7 +218,7 @@ class ComputeEstimate:
     """Rows per optimizer step (micro batch x grad accumulation x dp)."""
     tokens: int
     model_flops: float
-    """6 x N x tokens (forward 2N + backward 4N per token; Kaplan et al. 2020)."""
+    """6 x N x tokens (forward 2N + backward 4N per token; Kaplan et al. 2020); see `validation.flops`."""
     attention_flops: float
     """12 x layers x hidden x seq_len per token, forward + backward (PaLM, Chowdhery et al. 2022, App. B)."""
     peak_tflops_per_device: float
@@ -391,8 +380,13 @@ def _memory(spec: ExperimentSpec, dp: int, tp: int, pp: int, fsdp: bool, micro_b
 # --------------------------------------------------------------------------- parallel plan
 
 
-def plan_parallel(spec: ExperimentSpec, *, locate: Locator = no_location) -> ParallelPlan:
+def plan_parallel(
+    spec: ExperimentSpec, *, locate: Locator = no_location, capability: ExecutionCapability = TRAINER
+) -> ParallelPlan:
     """The layout to train with: verified if explicit, searched if `parallel: auto`.
+
+    Only layouts `capability` covers are searched or accepted (by default what the
+    trainer executes today, `validation.capability.TRAINER`).
 
     Auto search order (cheapest communication first): fewest pipeline stages, then the
     smallest tensor-parallel degree, then FSDP only if the replicated layout does not
@@ -401,43 +395,41 @@ def plan_parallel(spec: ExperimentSpec, *, locate: Locator = no_location) -> Par
     `cpu_processes` per node is considered.
     """
     if isinstance(spec.parallel, ParallelLayout):
-        return _verify_explicit(spec, spec.parallel, locate)
-    return _search_auto(spec, locate)
+        return _verify_explicit(spec, spec.parallel, locate, capability)
+    return _search_auto(spec, locate, capability)
 
 
 def _devices_per_node(resource: ResourceSpec) -> int:
     return resource.gpus_per_node if resource.gpus_per_node else resource.cpu_processes
 
 
-def _kv_heads(spec: ExperimentSpec) -> int:
-    # gpt2 has no grouped-query attention; its num_kv_heads (if given) is ignored.
-    if spec.model.model_type == "gpt2":
-        return spec.model.num_heads
-    return spec.model.num_kv_heads or spec.model.num_heads
-
-
 def _describe_layout(dp: int, tp: int, pp: int, fsdp: bool) -> str:
     return f"dp={dp} tp={tp} pp={pp}" + (" fsdp" if fsdp else "")
 
 
-def _candidates(spec: ExperimentSpec, nodes: int) -> Iterator[tuple[int, int, int, bool]]:
-    """Layouts honouring the divisibility rules, most preferred first."""
+def _candidates(
+    spec: ExperimentSpec, nodes: int, capability: ExecutionCapability
+) -> Iterator[tuple[int, int, int, bool]]:
+    """Layouts honouring the divisibility rules and `capability`, most preferred first."""
     resource = spec.resource
     if resource.gpus_per_node == 0:
         yield (nodes * resource.cpu_processes, 1, 1, False)
         return
+    axes = capability.axes(on_gpu=True)
     gpn = resource.gpus_per_node
     world = nodes * gpn
-    heads, kv, layers = spec.model.num_heads, _kv_heads(spec), spec.model.num_layers
+    heads, kv, layers = spec.model.num_heads, spec.model.kv_heads, spec.model.num_layers
     tps = [t for t in range(1, gpn + 1) if gpn % t == 0 and heads % t == 0 and kv % t == 0]
     pps = [p for p in range(1, layers + 1) if layers % p == 0]
+    tps = tps if "tp" in axes else [1]
+    pps = pps if "pp" in axes else [1]
     for pp in pps:
         for tp in tps:
             if world % (tp * pp):
                 continue
             dp = world // (tp * pp)
             yield (dp, tp, pp, False)
-            if dp > 1:
+            if dp > 1 and "fsdp" in axes:
                 yield (dp, tp, pp, True)
 
 
@@ -447,9 +439,14 @@ def _global_batch_ok(spec: ExperimentSpec, dp: int) -> bool:
 
 
 def _first_fit(
-    spec: ExperimentSpec, nodes: int, micro_batch: int, *, honour_global_batch: bool = True
+    spec: ExperimentSpec,
+    nodes: int,
+    micro_batch: int,
+    capability: ExecutionCapability,
+    *,
+    honour_global_batch: bool = True,
 ) -> tuple[int, int, int, bool] | None:
-    for dp, tp, pp, fsdp in _candidates(spec, nodes):
+    for dp, tp, pp, fsdp in _candidates(spec, nodes, capability):
         if honour_global_batch and not _global_batch_ok(spec, dp):
             continue
         if _memory(spec, dp, tp, pp, fsdp, micro_batch).fits:
@@ -457,12 +454,12 @@ def _first_fit(
     return None
 
 
-def _search_auto(spec: ExperimentSpec, locate: Locator) -> ParallelPlan:
+def _search_auto(spec: ExperimentSpec, locate: Locator, capability: ExecutionCapability) -> ParallelPlan:
     resource = spec.resource
     rejected: list[str] = []
     smallest: tuple[tuple[int, int, int, bool], MemoryEstimate] | None = None
     batch_mismatch = False
-    for dp, tp, pp, fsdp in _candidates(spec, resource.nodes):
+    for dp, tp, pp, fsdp in _candidates(spec, resource.nodes, capability):
         if not _global_batch_ok(spec, dp):
             batch_mismatch = True
             continue
@@ -498,26 +495,26 @@ def _search_auto(spec: ExperimentSpec, locate: Locator) -> ParallelPlan:
     message = (
         f"no parallel layout fits {resource.world_size} x {_fmt_gb(resource.gpu_memory_gb)}: the smallest, "
         f"{_describe_layout(dp, tp, pp, fsdp)}, needs {format_bytes(memory.total_bytes)} per device "
-        f"({_breakdown(memory)}); {_what_to_change(spec)}"
+        f"({_breakdown(memory)}); {_what_to_change(spec, capability)}"
     )
     if batch_mismatch:
         message += " (layouts whose dp does not give train.global_batch_size were skipped)"
     _raise(locate, "resource.gpu_memory_gb", message)
 
 
-def _what_to_change(spec: ExperimentSpec) -> str:
+def _what_to_change(spec: ExperimentSpec, capability: ExecutionCapability) -> str:
     """Concrete edits that would make some layout fit, searched with the same estimator.
 
     Suggestions ignore `train.global_batch_size` (the message says to rebalance it).
     """
     resource, train = spec.resource, spec.train
     options: list[str] = []
-    micro = _largest_fitting_micro_batch(spec)
+    micro = _largest_fitting_micro_batch(spec, capability)
     if micro is not None:
         options.append(f"train.micro_batch_size <= {micro} (raise grad_accum_steps to keep the global batch)")
     if resource.gpus_per_node > 0:
         for nodes in _node_counts(resource.nodes):
-            if _first_fit(spec, nodes, train.micro_batch_size, honour_global_batch=False):
+            if _first_fit(spec, nodes, train.micro_batch_size, capability, honour_global_batch=False):
                 options.append(f"resource.nodes >= {nodes} ({nodes * resource.gpus_per_node} GPUs)")
                 break
     if options:
@@ -530,12 +527,12 @@ def _what_to_change(spec: ExperimentSpec) -> str:
     return "no node count or micro batch helps; use GPUs with more memory or a smaller model"
 
 
-def _largest_fitting_micro_batch(spec: ExperimentSpec) -> int | None:
+def _largest_fitting_micro_batch(spec: ExperimentSpec, capability: ExecutionCapability) -> int | None:
     """Binary search below the current micro batch (memory grows with it, so fitting is monotone)."""
     nodes = spec.resource.nodes
 
     def fits(micro: int) -> bool:
-        return _first_fit(spec, nodes, micro, honour_global_batch=False) is not None
+        return _first_fit(spec, nodes, micro, capability, honour_global_batch=False) is not None
 
     low, high = 1, spec.train.micro_batch_size - 1
     if high < 1 or not fits(low):
@@ -554,52 +551,34 @@ def _node_counts(current: int) -> Iterator[int]:
         nodes = nodes + 1 if nodes < current + 64 else nodes * 2
 
 
-def _verify_explicit(spec: ExperimentSpec, layout: ParallelLayout, locate: Locator) -> ParallelPlan:
-    resource, model = spec.resource, spec.model
+def _verify_explicit(
+    spec: ExperimentSpec, layout: ParallelLayout, locate: Locator, capability: ExecutionCapability
+) -> ParallelPlan:
+    # The layout rules of `validation.rules` (the one divisibility check, the world size,
+    # the execution capability) run here too, for specs built in code without the loader.
+    from validation.loader import dotted
+    from validation.rules import layout_violations
+
+    resource = spec.resource
     dp, tp, pp = layout.dp, layout.tp, layout.pp
     on_gpu = resource.gpus_per_node > 0
     world = resource.world_size
-    issues: list[Issue] = []
-
-    def problem(field_path: str, message: str) -> None:
-        file, line, col = locate(field_path)
-        issues.append(Issue(file=file, line=line, col=col, field=field_path, message=message))
-
-    if dp * tp * pp != world:
-        where = (
-            f"{resource.nodes} node(s) x {resource.gpus_per_node} GPU(s)"
-            if on_gpu
-            else f"{resource.nodes} node(s) x {resource.cpu_processes} CPU process(es)"
-        )
-        problem("parallel", f"dp x tp x pp = {dp * tp * pp} but the resources give {world} ({where})")
-    if not on_gpu and (tp > 1 or pp > 1):
-        field_path = "parallel.tp" if tp > 1 else "parallel.pp"
-        problem(field_path, "tensor and pipeline parallelism need GPUs; on CPU use dp only (tp: 1, pp: 1)")
-    else:
-        kv = _kv_heads(spec)
-        if model.num_heads % tp or kv % tp:
-            problem(
-                "parallel.tp",
-                f"tp ({tp}) must divide num_heads ({model.num_heads}) and num_kv_heads ({kv})",
-            )
-        if on_gpu and (tp > resource.gpus_per_node or resource.gpus_per_node % tp):
-            problem(
-                "parallel.tp",
-                f"tp ({tp}) must divide gpus_per_node ({resource.gpus_per_node}): "
-                "tensor parallelism stays inside one node",
-            )
-    if model.num_layers % pp:
-        problem("parallel.pp", f"pp ({pp}) must divide num_layers ({model.num_layers})")
-    if issues:
+    violations = layout_violations(spec, capability)
+    if violations:
+        issues = []
+        for violation in violations:
+            field_path = dotted(violation.path)
+            file, line, col = locate(field_path)
+            issues.append(Issue(file=file, line=line, col=col, field=field_path, message=violation.message))
         raise SpecError(issues)
 
     memory = _memory(spec, dp, tp, pp, layout.fsdp, spec.train.micro_batch_size)
     if not memory.fits:
-        found = _first_fit(spec, resource.nodes, spec.train.micro_batch_size)
+        found = _first_fit(spec, resource.nodes, spec.train.micro_batch_size, capability)
         if found:
             hint = f"; {_describe_layout(*found)} fits (or set parallel: auto)"
         else:
-            hint = "; " + _what_to_change(spec)
+            hint = "; " + _what_to_change(spec, capability)
         _raise(
             locate,
             "resource.gpu_memory_gb",
@@ -635,29 +614,17 @@ def _breakdown(memory: MemoryEstimate) -> str:
 # --------------------------------------------------------------------------- compute
 
 
-def peak_tflops(resource: ResourceSpec, precision: str) -> tuple[float, str] | None:
-    """Dense peak per device and where it came from; None for an unknown gpu_type."""
-    if resource.peak_tflops is not None:
-        return resource.peak_tflops, "resource.peak_tflops"
-    if resource.gpu_type not in PEAK_TFLOPS_BF16:
-        return None
-    peak = PEAK_TFLOPS_BF16[resource.gpu_type]
-    if precision == "fp32" and resource.gpu_type != "cpu":
-        return peak * FP32_PEAK_FRACTION, f"table:{resource.gpu_type} (fp32 via TF32)"
-    return peak, f"table:{resource.gpu_type}"
-
-
 def estimate_compute(
     spec: ExperimentSpec, layout: ParallelLayout, *, locate: Locator = no_location
 ) -> ComputeEstimate:
     """FLOPs of the whole run and the time/GPU-hours they take at `resource.assumed_mfu`.
 
-    N is `spec.model.parameter_count()` (all parameters; with untied embeddings the
-    input lookup is counted too, a small overestimate). Raises `SpecError` at
+    FLOPs per token come from `validation.flops.flops_per_token` (the formula the trainer's
+    MFU uses), the peak from `validation.flops.device_peak`. Raises `SpecError` at
     `resource.peak_tflops` for a gpu_type without a known peak.
     """
     resource, model = spec.resource, spec.model
-    peak = peak_tflops(resource, spec.train.precision)
+    peak = device_peak(resource, spec.train.precision)
     if peak is None:
         known = ", ".join(sorted(PEAK_TFLOPS_BF16))
         _raise(
@@ -666,14 +633,15 @@ def estimate_compute(
             f"no peak FLOPS known for gpu_type '{resource.gpu_type}' (known: {known}); "
             "set resource.peak_tflops to its dense bf16 TFLOPS",
         )
-    peak_tf, source = peak
+    peak_tf = peak.flops_per_second(ESTIMATE_THREADS_PER_CPU_PROCESS) / 1e12
+    source = peak.source
 
     n = model.parameter_count()
     steps = spec.total_steps(layout.dp)
     global_batch = spec.global_batch(layout.dp)
     tokens = steps * global_batch * spec.data.seq_len
-    model_flops = 6.0 * n * tokens
-    attention_flops = 12.0 * model.num_layers * model.hidden_size * spec.data.seq_len * tokens
+    model_flops = 6.0 * matmul_parameters(model) * tokens
+    attention_flops = attention_flops_per_token(model, spec.data.seq_len) * tokens
     bubble = 1.0 + (layout.pp - 1) / spec.train.grad_accum_steps
     world = layout.dp * layout.tp * layout.pp
     wall = (model_flops + attention_flops) / (world * peak_tf * 1e12 * resource.assumed_mfu) * bubble
@@ -733,9 +701,11 @@ def approval_tier(compute: ComputeEstimate, resource: ResourceSpec) -> Tier:
 # --------------------------------------------------------------------------- plan
 
 
-def make_plan(spec: ExperimentSpec, *, locate: Locator = no_location) -> Plan:
+def make_plan(
+    spec: ExperimentSpec, *, locate: Locator = no_location, capability: ExecutionCapability = TRAINER
+) -> Plan:
     """Layout, memory, compute and tier for one spec; raises `SpecError` if no layout fits."""
-    parallel = plan_parallel(spec, locate=locate)
+    parallel = plan_parallel(spec, locate=locate, capability=capability)
     compute = estimate_compute(spec, parallel.layout(), locate=locate)
     tier = approval_tier(compute, spec.resource)
     warnings: list[str] = []

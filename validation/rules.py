@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from validation.capability import TRAINER, ExecutionCapability
 from validation.spec import ExperimentSpec, ParallelLayout
 
 WEIGHT_TOLERANCE = 1e-6
@@ -34,24 +35,30 @@ class Violation:
 Rule = Callable[[ExperimentSpec], Iterator[Violation]]
 
 
-def check(spec: ExperimentSpec) -> list[Violation]:
-    """Every violation of every rule, in rule order."""
-    return [violation for rule in RULES for violation in rule(spec)]
+def check(spec: ExperimentSpec, capability: ExecutionCapability = TRAINER) -> list[Violation]:
+    """Every violation of every rule, in rule order; layouts are held to `capability`."""
+    return layout_violations(spec, capability) + [violation for rule in RULES for violation in rule(spec)]
 
 
 # --------------------------------------------------------------------------- parallelism
 
 
 def parallel_divides_model(spec: ExperimentSpec) -> Iterator[Violation]:
-    """Tensor parallelism splits heads, pipeline parallelism splits layers: both must divide evenly."""
+    """Tensor parallelism splits heads (within one node), pipeline parallelism splits layers:
+    each must divide evenly. The one divisibility check; the planner reads it too."""
     if not isinstance(spec.parallel, ParallelLayout):
         return
-    layout, model = spec.parallel, spec.model
-    kv = model.num_kv_heads or model.num_heads
+    layout, model, res = spec.parallel, spec.model, spec.resource
     if model.num_heads % layout.tp:
         yield Violation(("parallel", "tp"), f"tp={layout.tp} must divide model.num_heads ({model.num_heads})")
-    elif kv % layout.tp:
-        yield Violation(("parallel", "tp"), f"tp={layout.tp} must divide model.num_kv_heads ({kv})")
+    elif model.kv_heads % layout.tp:
+        yield Violation(("parallel", "tp"), f"tp={layout.tp} must divide model.num_kv_heads ({model.kv_heads})")
+    if res.gpus_per_node and layout.tp > 1 and res.gpus_per_node % layout.tp:
+        yield Violation(
+            ("parallel", "tp"),
+            f"tp={layout.tp} must divide resource.gpus_per_node ({res.gpus_per_node}): "
+            "tensor parallelism stays inside one node",
+        )
     if model.num_layers % layout.pp:
         yield Violation(
             ("parallel", "pp"), f"pp={layout.pp} must divide model.num_layers ({model.num_layers})"
@@ -77,17 +84,25 @@ def layout_matches_resources(spec: ExperimentSpec) -> Iterator[Violation]:
         )
 
 
-def cpu_supports_data_parallel_only(spec: ExperimentSpec) -> Iterator[Violation]:
-    """CPU processes (gloo) train with plain data parallelism; sharding and model parallelism need GPUs."""
-    if spec.resource.gpus_per_node or not isinstance(spec.parallel, ParallelLayout):
+def layout_is_executable(
+    spec: ExperimentSpec, capability: ExecutionCapability = TRAINER
+) -> Iterator[Violation]:
+    """An explicit layout uses only axes the trainer executes (`validation.capability`)."""
+    if not isinstance(spec.parallel, ParallelLayout):
         return
-    layout = spec.parallel
-    for name, active in (("fsdp", layout.fsdp), ("tp", layout.tp > 1), ("pp", layout.pp > 1)):
-        if active:
-            yield Violation(
-                ("parallel", name),
-                f"{name} needs GPUs (resource.gpus_per_node > 0); CPU runs support data parallelism only",
-            )
+    for axis, message in capability.refusals(spec.parallel, on_gpu=spec.resource.gpus_per_node > 0):
+        yield Violation(("parallel", axis), message)
+
+
+def layout_violations(spec: ExperimentSpec, capability: ExecutionCapability = TRAINER) -> list[Violation]:
+    """Every problem of an explicit layout: divisibility, world size, capability.
+
+    An axis the capability refuses is reported once, with the refusal (which says what to
+    change): how it would have to divide is moot while the trainer cannot run it at all."""
+    refused = list(layout_is_executable(spec, capability))
+    moot = {v.path for v in refused}
+    divides = [v for v in parallel_divides_model(spec) if v.path not in moot]
+    return [*divides, *layout_matches_resources(spec), *refused]
 
 
 def global_batch_consistent(spec: ExperimentSpec) -> Iterator[Violation]:
@@ -271,9 +286,7 @@ def _with_value(data: dict[str, Any], keys: list[str], value: Any) -> dict[str, 
 
 
 RULES: tuple[Rule, ...] = (
-    parallel_divides_model,
-    layout_matches_resources,
-    cpu_supports_data_parallel_only,
+    # (the layout rules run first, through `layout_violations`)
     global_batch_consistent,
     mixture_weights,
     metrics_exist,

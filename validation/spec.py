@@ -28,6 +28,8 @@ METRIC_PATTERN = (
 )
 ALPHA_LIMIT = 0.1
 """Largest `hypothesis.alpha` without an `alpha_override` (reports.render shows both)."""
+CHAMPION = "champion"
+"""The model registry alias of the promoted model; also the `hypothesis.baseline` that compares against it."""
 PLACEHOLDER_WORDS = {"todo", "tbd", "fixme", "xxx", "placeholder", "hypothesis", "lorem", "ipsum", "n/a", "test"}
 
 
@@ -52,7 +54,7 @@ class Hypothesis(Section):
     """Which way the metric should move relative to the baseline."""
     min_effect: Annotated[float, Field(gt=0.0, le=10.0)]
     """Smallest relative change that counts, e.g. 0.02 for 2 %."""
-    baseline: Annotated[str, Field(pattern=r"^([a-z0-9][a-z0-9_-]{2,63}|champion)$")]
+    baseline: Annotated[str, Field(pattern=rf"^([a-z0-9][a-z0-9_-]{{2,63}}|{CHAMPION})$")]
     """The experiment to compare against (its name), or `champion` for the promoted model."""
     seeds: Annotated[int, Field(ge=1, le=16)] = 1
     """Number of seeds; candidate and baseline run on the same seeds (paired). One seed cannot
@@ -123,6 +125,14 @@ class ModelSpec(Section):
         return self
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads the built model has: gpt2 has no grouped-query attention, so its
+        `num_kv_heads` (if given) is ignored and every head has its own keys and values."""
+        if self.model_type == "gpt2":
+            return self.num_heads
+        return self.num_kv_heads or self.num_heads
+
+    @property
     def ffn_size(self) -> int:
         if self.intermediate_size:
             return self.intermediate_size
@@ -133,7 +143,7 @@ class ModelSpec(Section):
     def parameter_count(self) -> int:
         """Exact parameter count of the transformers model this spec builds."""
         h, ffn, v, L = self.hidden_size, self.ffn_size, self.vocab_size, self.num_layers
-        kv = self.num_kv_heads or self.num_heads
+        kv = self.kv_heads
         head_dim = h // self.num_heads
         if self.model_type == "gpt2":
             per_layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * ffn + ffn) + (ffn * h + h) + 4 * h

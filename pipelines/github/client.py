@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import quote
 
-from validation.errors import GitHubError, PermissionDenied, UsageError
+from validation.errors import GitHubError, PermissionDenied, TransientGitHubError, UsageError
 
 if TYPE_CHECKING:  # PyGithub is light (0.14 s) but only the adapter needs it.
     import github
@@ -37,17 +37,6 @@ DEFAULT_BOT_LOGIN = "github-actions[bot]"
 REPO_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
 WRITE_ROLES = frozenset({"admin", "maintain", "write"})
 T = TypeVar("T")
-
-
-class TransientGitHubError(GitHubError):
-    """A failure worth retrying at the application level (5xx, timeout, rate limit).
-
-    `retry_after` is the seconds GitHub asked us to wait (rate-limit reset), if it said.
-    """
-
-    def __init__(self, message: str, retry_after: float | None = None):
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 # --------------------------------------------------------------------------- plain data

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from pipelines.launchers.interface import LaunchJob
+from validation.environment import apply_offline_env
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,7 @@ def launch_env(job: LaunchJob, base: dict[str, str] | None = None) -> dict[str, 
     """The environment of every training process: ours, the job's, and the fixed switches."""
     env = dict(os.environ if base is None else base)
     env.update(job.env)
-    env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    env.setdefault("DO_NOT_TRACK", "true")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    apply_offline_env(env)
     env["PYTHONUNBUFFERED"] = "1"  # log lines reach launcher.log as they happen
     if not job.use_gpu:
         env["ACCELERATE_USE_CPU"] = "true"

@@ -1,9 +1,12 @@
-"""The environment a run trained in: recorded with every run, compared between runs.
+"""The process environment: offline/telemetry defaults, and the fingerprint a run records.
 
-Two runs are only comparable when they ran on the same software and hardware; the
-report flags candidate/baseline pairs whose fingerprints differ (`fingerprint_diff`).
-Package versions come from the installed metadata (no import); torch is imported only
-for the CUDA version and the GPU model.
+`OFFLINE_ENV` is the one list of variables every pipeline and trainer process gets by
+default (MLflow and Hugging Face must not phone home or download; tokenizers must not
+fork thread pools under our processes). `apply_offline_env` sets them where unset.
+
+`env_fingerprint` is what a run trained on: two runs are comparable only when their
+`COMPARED_KEYS` agree (`fingerprint_diff`). Package versions come from the installed
+metadata (no import); torch is imported only for the CUDA version and the GPU model.
 """
 
 from __future__ import annotations
@@ -11,12 +14,30 @@ from __future__ import annotations
 import os
 import platform
 import socket
+from collections.abc import MutableMapping
 from importlib import metadata
 from typing import Any
 
+OFFLINE_ENV: dict[str, str] = {
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def apply_offline_env(env: MutableMapping[str, str] | None = None) -> MutableMapping[str, str]:
+    """Set every `OFFLINE_ENV` default in `env` (this process's environment by default) where unset."""
+    target: MutableMapping[str, str] = os.environ if env is None else env
+    for key, value in OFFLINE_ENV.items():
+        target.setdefault(key, value)
+    return target
+
+
 KEY_PACKAGES = ("torch", "accelerate", "transformers", "mlflow")
-# What makes two runs' numbers comparable (hostname and CPU count do not).
 COMPARED_KEYS = ("python", "torch", "cuda", "accelerate", "transformers", "gpu_model")
+"""What makes two runs' numbers comparable (host name, CPU count and threads do not)."""
 
 
 def package_version(name: str) -> str | None:
@@ -49,8 +70,10 @@ def accelerators() -> dict[str, Any]:
     }
 
 
-def env_fingerprint() -> dict[str, Any]:
-    """python, torch, cuda, accelerate, transformers (+mlflow) versions, GPU model, host, CPU."""
+def env_fingerprint(world_size: int | None = None) -> dict[str, Any]:
+    """python, torch, cuda, accelerate, transformers, mlflow versions, GPU model, host, CPU, threads."""
+    import torch
+
     fp: dict[str, Any] = {"python": platform.python_version()}
     for name in KEY_PACKAGES:
         fp[name] = package_version(name)
@@ -59,8 +82,11 @@ def env_fingerprint() -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
     })
+    if world_size is not None:
+        fp["world_size"] = world_size
     return fp
 
 

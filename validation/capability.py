@@ -1,0 +1,66 @@
+"""What the trainer can execute: declared once, read by `validate`, `plan`, smoke and the trainer.
+
+A layout the trainer cannot run must be refused by `pipeline validate` on the pull request,
+with the line of `parallel` and what to change, never on the GPU runner after `/train`.
+`parallel: auto` plans only among layouts the capability covers.
+
+Today the trainer runs plain data parallelism (DDP through accelerate) on GPUs and on CPU
+processes (gloo). When FSDP, tensor or pipeline parallelism really run, the trainer's
+owner adds the axis to `TRAINER` below; every check follows from that one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from validation.spec import ParallelLayout
+
+Axis = Literal["dp", "fsdp", "tp", "pp"]
+AXES: tuple[Axis, ...] = ("dp", "fsdp", "tp", "pp")
+
+_AXIS_NAMES: dict[Axis, str] = {
+    "dp": "data parallelism",
+    "fsdp": "FSDP sharding",
+    "tp": "tensor parallelism",
+    "pp": "pipeline parallelism",
+}
+
+
+@dataclass(frozen=True)
+class ExecutionCapability:
+    """The parallel axes the trainer executes, on GPUs and on CPU processes."""
+
+    gpu: frozenset[Axis]
+    """Axes usable when `resource.gpus_per_node > 0` (NCCL)."""
+    cpu: frozenset[Axis]
+    """Axes usable on CPU processes (gloo)."""
+
+    def axes(self, on_gpu: bool) -> frozenset[Axis]:
+        return self.gpu if on_gpu else self.cpu
+
+    def supports(self, layout: ParallelLayout, on_gpu: bool) -> bool:
+        return not self.refusals(layout, on_gpu)
+
+    def refusals(self, layout: ParallelLayout, on_gpu: bool) -> list[tuple[Axis, str]]:
+        """(axis, what to change) for every axis of `layout` the trainer cannot run."""
+        used: list[tuple[Axis, bool]] = [("fsdp", layout.fsdp), ("tp", layout.tp > 1), ("pp", layout.pp > 1)]
+        allowed = self.axes(on_gpu)
+        where = "on GPUs" if on_gpu else "on CPU processes"
+        runs = ", ".join(_AXIS_NAMES[a] for a in AXES if a in allowed) or "nothing"
+        fix: dict[Axis, str] = {"fsdp": "fsdp: false", "tp": "tp: 1", "pp": "pp: 1"}
+        out: list[tuple[Axis, str]] = []
+        for axis, active in used:
+            if active and axis not in allowed:
+                extra = "" if on_gpu or axis not in self.gpu else " (it runs on GPUs: set resource.gpus_per_node)"
+                out.append((axis, f"{_AXIS_NAMES[axis]} is not executable {where}: the trainer runs {runs} "
+                                  f"(validation/capability.py); set {fix[axis]} with dp = the world size, "
+                                  f"or parallel: auto{extra}"))
+        return out
+
+
+TRAINER = ExecutionCapability(gpu=frozenset({"dp"}), cpu=frozenset({"dp"}))
+"""What `python -m trainer` executes today."""
+
+EVERY_LAYOUT = ExecutionCapability(gpu=frozenset(AXES), cpu=frozenset({"dp"}))
+"""The planner's full search space (used to study layouts the trainer does not run yet)."""

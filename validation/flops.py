@@ -1,0 +1,88 @@
+"""Device peak FLOPS and training FLOPs per token: one table, one formula.
+
+Read by the preflight estimate (GPU-hours, wall time), the resolve step (written into
+`spec.resolved.json`), the trainer (MFU) and sweeps (the cost that breaks ties). Pure
+and standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from validation.spec import ModelSpec, ResourceSpec
+
+# Dense bf16 peak per device in TFLOPS (vendor data sheets, without sparsity).
+PEAK_TFLOPS_BF16: dict[str, float] = {
+    "h100": 989.0,
+    "h200": 989.0,
+    "b200": 2250.0,
+    "a100": 312.0,
+    "l40s": 362.0,
+    "l4": 121.0,
+    "a10g": 125.0,
+    "v100": 125.0,
+    "t4": 65.0,  # fp16 (no bf16 on Turing)
+}
+
+# fp32 training on a GPU runs its matmuls on TF32 tensor cores at half the bf16 rate
+# (H100 494 vs 989, A100 156 vs 312). Applies to table entries only, not to an explicit
+# `resource.peak_tflops`.
+FP32_PEAK_FRACTION = 0.5
+
+# CPUs vary too much for a per-device table, so the CPU peak is per *thread*: the AVX-512
+# fp32 FMA peak (2 FMA units x 16 lanes x 2 flops x ~2.5 GHz = 160 GFLOPS). A peak is a
+# ceiling, documented not measured, so MFU on a CPU is a relative figure (compare runs on
+# the same machine only). A device (one CPU process) has as many threads as torch uses.
+CPU_PEAK_TFLOPS_PER_THREAD = 0.16
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """Dense peak of one device for the run's precision, and where the number came from."""
+
+    tflops: float
+    """Per device on GPUs; per thread on CPUs (see `per`)."""
+    per: Literal["device", "thread"]
+    """`thread` on CPUs: multiply by the threads of one process (`flops_per_second`)."""
+    source: str
+    """`resource.peak_tflops`, `table:<gpu_type>` (+ fp32 note) or `cpu:per-thread`."""
+
+    def flops_per_second(self, threads: int = 1) -> float:
+        """Peak FLOP/s of one device (one process on CPU, using `threads` threads)."""
+        factor = max(1, threads) if self.per == "thread" else 1
+        return self.tflops * 1e12 * factor
+
+
+def device_peak(resource: ResourceSpec, precision: str) -> DevicePeak | None:
+    """The peak of one of `resource`'s devices at `precision`; None for an unknown GPU type."""
+    if resource.peak_tflops is not None:
+        return DevicePeak(resource.peak_tflops, "device", "resource.peak_tflops")
+    if resource.gpus_per_node == 0:
+        return DevicePeak(CPU_PEAK_TFLOPS_PER_THREAD, "thread", "cpu:per-thread")
+    if resource.gpu_type not in PEAK_TFLOPS_BF16:
+        return None
+    peak = PEAK_TFLOPS_BF16[resource.gpu_type]
+    if precision == "fp32":
+        return DevicePeak(peak * FP32_PEAK_FRACTION, "device", f"table:{resource.gpu_type} (fp32 via TF32)")
+    return DevicePeak(peak, "device", f"table:{resource.gpu_type}")
+
+
+def matmul_parameters(model: ModelSpec, n_params: int | None = None) -> int:
+    """Parameters that take part in a matmul per token: all of them except gpt2's learned
+    position embeddings (a lookup). A tied embedding counts once, as the output projection."""
+    n = model.parameter_count() if n_params is None else n_params
+    if model.model_type == "gpt2":
+        n -= model.max_position_embeddings * model.hidden_size
+    return n
+
+
+def attention_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """12 x layers x hidden x seq_len, forward + backward (PaLM, Chowdhery et al. 2022, App. B)."""
+    return 12.0 * model.num_layers * model.hidden_size * seq_len
+
+
+def flops_per_token(model: ModelSpec, seq_len: int, n_params: int | None = None) -> float:
+    """Training FLOPs per token: 6N for the matmuls (forward 2N + backward 4N; Kaplan et al.
+    2020) plus the attention term. `n_params` defaults to the spec's exact count."""
+    return 6.0 * matmul_parameters(model, n_params) + attention_flops_per_token(model, seq_len)
