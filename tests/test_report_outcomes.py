@@ -229,3 +229,32 @@ def test_a_run_the_trainer_did_not_mark_is_still_seen_diverging_from_its_loss_cu
     assert record_from_run_dir(cands[2]).status == "finished"
     built = build_report(cands, bases, out_dir=tmp_path / "out", env={})
     assert built.verdict.reason.startswith("Refuted: candidate diverged at step 20")
+
+
+@pytest.mark.integration
+def test_the_verdict_tag_goes_only_on_runs_the_candidate_trained(tmp_path):
+    """A candidate that reuses another experiment's run (same identity) must not tag it."""
+    from types import SimpleNamespace
+
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.orchestrate import ExperimentFlow, RunOptions
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    seed_dirs = []
+    for name in ("base", "higher-lr"):
+        exp = client.create_experiment(name)
+        run = client.create_run(exp)
+        d = write_run(tmp_path / "runs", name, 1, final_loss=3.0, lr=6e-3, check_ok=None)
+        result = json.loads((d / "result.json").read_text())
+        (d / "result.json").write_text(json.dumps({**result, "mlflow_run_id": run.info.run_id}))
+        seed_dirs.append(d)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+    flow = ExperimentFlow(tmp_path, RunOptions(tracking_uri=uri))
+    candidate = SimpleNamespace(seed_dirs=seed_dirs, spec=SimpleNamespace(name="higher-lr"))
+    flow._tag_verdict(candidate, "supported")
+    tags = {d.parent.parent.name: client.get_run(json.loads((d / "result.json").read_text())["mlflow_run_id"]).data.tags
+            for d in seed_dirs}
+    assert tags["higher-lr"].get("pipeline.verdict") == "supported"
+    assert "pipeline.verdict" not in tags["base"]
