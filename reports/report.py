@@ -155,10 +155,13 @@ def _warnings(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord], c
     if failed:
         warnings.append("Not finished (left out of the comparison): " + ", ".join(
             f"{r.experiment} seed {r.seed} ({r.status})" for r in failed))
-    if comparison.unpaired_candidate_seeds or comparison.unpaired_baseline_seeds:
+    # A baseline seed whose candidate did not finish is explained by the line above.
+    unfinished = {r.seed for r in candidates if r.status != "finished"}
+    lonely_base = [s for s in comparison.unpaired_baseline_seeds if s not in unfinished]
+    if comparison.unpaired_candidate_seeds or lonely_base:
         warnings.append(
             f"Unpaired seeds left out: candidate {list(comparison.unpaired_candidate_seeds)}, "
-            f"baseline {list(comparison.unpaired_baseline_seeds)}.")
+            f"baseline {lonely_base}.")
     h = comparison.hypothesis
     reused = sorted({r.experiment for r in candidates if r.experiment != name})
     if reused:

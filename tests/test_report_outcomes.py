@@ -96,6 +96,7 @@ def test_a_diverged_candidate_is_refuted_with_the_step_the_alert_on_top_and_the_
     md = built.markdown
     assert md.index("P0 divergence") < md.index("**Verdict:**")  # the alert is at the top
     assert "```mermaid" in md and "train/loss, diverged seed 1235" in md  # its own curve, not a mean
+    assert "tiny" not in md and "Unpaired seeds" not in md  # its baseline seed is explained by "Not finished"
     assert json.loads((tmp_path / "out" / "result.json").read_text())["verdict"]["diverged_at_step"] == 40
 
 
@@ -139,7 +140,7 @@ def test_alpha_above_the_limit_is_shown_with_its_override_and_the_table_level_ma
 def test_an_identical_candidate_is_not_trained_judged_tagged_or_charged(tmp_path, monkeypatch):
     from pipelines.orchestrate import ExperimentFlow, RunOptions
     from tests.test_orchestrate_e2e import BASE
-    from trainer.data import build_demo_corpus
+    from validation.data import build_demo_corpus
 
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
     (tmp_path / "experiments").mkdir()
