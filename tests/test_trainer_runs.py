@@ -336,7 +336,7 @@ def test_nan_loss_rolls_back_to_last_checkpoint_and_skips_batches(tmp_path: Path
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "finished" and result["rollbacks"] == 1
     kinds = [json.loads(line)["kind"] for line in (run_dir / "alerts.jsonl").read_text().splitlines()]
-    assert "nonfinite" in kinds and "rollback" in kinds
+    assert "divergence" in kinds and "rollback" in kinds
     state = json.loads((run_dir / "checkpoints" / "step_000012" / "train_state.json").read_text())
     assert state["data_offset"] == (6 - 4) + 3  # steps 5-6 undone, 3 batches skipped
     losses = step_losses(run_dir)  # step 6's NaN is not recorded; repeated step 5 is recorded once

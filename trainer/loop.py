@@ -35,7 +35,7 @@ from trainer.collectives import Collectives
 from trainer.evaluation import Evaluator, update_best
 from trainer.faults import FaultPlan
 from trainer.model import build_model, flops_per_token, parameter_count, peak_flops
-from trainer.monitor import Alert, AlertLog, AnomalyDetector, StallWatchdog
+from trainer.monitor import DIVERGED_KINDS, Alert, AlertLog, AnomalyDetector, StallWatchdog
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.state import StepResult, TrainState
 from trainer.step import StepRunner, to_device
@@ -175,7 +175,7 @@ class Trainer:
                 sinks.append(MlflowSink(tracking_uri, spec.name, self.run_dir, run_name=self.identity.get("run_id")))
             self.sink = FanoutSink(*sinks)
         self.alerts = AlertLog(self.run_dir / "alerts.jsonl" if self.is_main else None, self.sink, self.rank)
-        self.detector = AnomalyDetector(spec.alerts)
+        self.detector = AnomalyDetector(spec.alerts, vocab_size=spec.model.vocab_size)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.ckpt = CheckpointGlue(spec, self.ckpt_root, acc, self.raw_model, self.optimizer, self.scheduler,
                                    self.comm, self.rank, self._on_event)
@@ -252,6 +252,7 @@ class Trainer:
         if found:
             self._adopt(self.ckpt.load(Path(found), self.state))
             self.resumed_from = found
+            self.detector.on_resume(self.state.step)  # a fresh process: no throughput verdict while warming up
             log.info("resumed from %s at step %d", found, self.state.step)
         self.comm.barrier()
 
@@ -338,11 +339,11 @@ class Trainer:
                     self.alerts.emit(alert)
                 if verdict.action == "rollback":
                     if not self.rollback(s):
-                        outcome = record.Outcome("stopped", "rollback_failed")
+                        outcome = _stopped(verdict, s + 1, "rollback_failed")
                         break
                     continue
                 if verdict.action == "stop":
-                    outcome = record.Outcome("stopped", verdict.alerts[0].kind)
+                    outcome = _stopped(verdict, s + 1)
                     break
 
                 if (s + 1) % tr.log_interval == 0 or s + 1 == self.total_steps:
@@ -485,6 +486,15 @@ def _peak_mem_gb() -> float:
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 1e9
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
+
+
+def _stopped(verdict: Any, step: int, reason: str | None = None) -> record.Outcome:
+    """The outcome of a stop the monitor asked for: "diverged" at `step` when it stopped on a
+    divergence or a spike (the shared contract reports render), else "stopped"."""
+    kinds = [a.kind for a in verdict.alerts]
+    if any(k in DIVERGED_KINDS for k in kinds) or not kinds:  # no alert: a repeated spike episode
+        return record.Outcome("diverged", reason or (kinds[0] if kinds else "loss_spike"), diverged_at_step=step)
+    return record.Outcome("stopped", reason or kinds[0])
 
 
 def _fmt(metrics: dict[str, float]) -> str:

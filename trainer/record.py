@@ -82,9 +82,11 @@ def params(spec: ExperimentSpec, world: int, n_params: int, total_steps: int) ->
 class Outcome:
     """How the loop ended, with what it measured along the way."""
 
-    status: str  # finished | stopped | failed | preempted
+    status: str  # finished | stopped | diverged | failed | preempted
     stop_reason: str
     error: str | None = None
+    diverged_at_step: int | None = None
+    """For "diverged": the step the monitor declared divergence at (result.json contract)."""
     final_metrics: dict[str, float] = field(default_factory=dict)
     stalls: list[float] = field(default_factory=list)
     write_s: list[float] = field(default_factory=list)
@@ -104,6 +106,7 @@ def result(spec: ExperimentSpec, state: Any, outcome: Outcome, *, run_dir: Path,
     return {
         "status": outcome.status,
         "stop_reason": outcome.stop_reason,
+        "diverged_at_step": outcome.diverged_at_step,
         "error": outcome.error,
         "reason": outcome.error or outcome.stop_reason,
         "mlflow_run_id": run_id,

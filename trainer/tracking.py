@@ -385,7 +385,8 @@ class MlflowSink:
             self._worker = None
         if self._offline_since is not None or self.run_id is None or status == "preempted":
             return
-        mlflow_status = {"finished": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}.get(status, "FINISHED")
+        mlflow_status = {"finished": "FINISHED", "failed": "FAILED", "diverged": "FAILED",
+                         "stopped": "KILLED"}.get(status, "FINISHED")
         try:
             self._client.set_terminated(self.run_id, mlflow_status)
         except Exception as exc:  # noqa: BLE001
@@ -519,6 +520,6 @@ def replay_spool(run_dir: Path, tracking_uri: str | None = None) -> dict[str, An
         if result.get("mlflow_run_id") != sink.run_id:
             result["mlflow_run_id"] = sink.run_id
             write_json_atomic(result_path, result)
-        if result.get("status") in ("finished", "failed", "stopped"):
+        if result.get("status") in ("finished", "failed", "stopped", "diverged"):
             sink.close(result["status"])
     return {"run_id": sink.run_id, "records": pending}
