@@ -39,8 +39,8 @@ def test_nonfinite_loss_is_p0_and_never_just_alerted(policy: str, action: str) -
     det = AnomalyDetector(AlertsSpec(spike_policy=policy))
     _feed(det, 3)
     verdict = det.observe(4, float("nan"), 1.0)
-    assert verdict.action == action and verdict.alerts[0].level == "P0" and verdict.alerts[0].kind == "nonfinite"
-    assert det.observe(5, 1.9, float("inf")).alerts[0].kind == "nonfinite"
+    assert verdict.action == action and verdict.alerts[0].level == "P0" and verdict.alerts[0].kind == "divergence"
+    assert det.observe(5, 1.9, float("inf")).alerts[0].kind == "divergence"
 
 
 @pytest.mark.unit
@@ -49,7 +49,7 @@ def test_grad_norm_spike_follows_policy_and_does_not_poison_the_mean() -> None:
     _feed(det, 20)
     verdict = det.observe(21, 1.98, 50.0)
     assert verdict.action == "rollback" and [a.kind for a in verdict.alerts] == ["grad_norm_spike"]
-    assert det.grad_mean == pytest.approx(1.0)
+    assert 50.0 not in det.grads  # the spike stays out of the baseline
     assert det.observe(22, 1.98, 5.0).action == "none"  # 5x is below the factor
 
 
@@ -64,9 +64,9 @@ def test_loss_spike_and_loss_rising_and_throughput_drop() -> None:
         kinds += [a.kind for a in det.observe(30 + i, 2.0 + 0.01 * i, 1.0).alerts]
     assert kinds.count("loss_rising") == 1  # once per rising phase, not every step
     det2 = AnomalyDetector(AlertsSpec(throughput_drop=0.5))
-    for i in range(12):
+    for i in range(16):  # the first steps of a process are not judged (warm-up)
         assert not det2.observe(i + 1, 2.0, 1.0, tokens_per_s=1000.0).alerts
-    drop = det2.observe(13, 2.0, 1.0, tokens_per_s=400.0)
+    drop = det2.observe(17, 2.0, 1.0, tokens_per_s=400.0)
     assert [(a.level, a.kind) for a in drop.alerts] == [("P2", "throughput_drop")]
 
 

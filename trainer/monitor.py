@@ -5,7 +5,8 @@ raises and the action the spec's policy asks for. It sees the same all-reduced n
 every rank, so every rank takes the same decision without another collective.
 
 Levels: P0 page (the run cannot go on as is), P1 message (a human should look),
-P2 log (worth knowing).
+P2 log (worth knowing). Alert kinds are a contract: `divergence` (P0) is what reports render
+as "diverged at step k" together with result.json's `"status": "diverged"`.
 """
 
 from __future__ import annotations
@@ -42,99 +43,148 @@ class Verdict:
     action: str = "none"  # none | stop | rollback
 
 
-class AnomalyDetector:
-    """Thresholds from the spec's `alerts` section; state is a few running statistics.
+DIVERGENCE = "divergence"
+DIVERGED_KINDS = frozenset({DIVERGENCE, "loss_spike", "grad_norm_spike"})
+"""A run stopped (or whose rollbacks ran out) on one of these ended "diverged", not "stopped"."""
 
-    - non-finite loss or grad norm: P0, rollback when the policy is rollback, else stop;
-    - grad norm above `grad_norm_factor` x its running mean, or a loss spike (above the
-      running mean by 6 running standard deviations and 20 %): P1, action = spike policy;
-    - smoothed loss rising for `loss_rise_steps` consecutive steps: P1, alert only;
-    - tokens/s below `throughput_drop` x its running median: P2.
+
+class AnomalyDetector:
+    """Thresholds from the spec's `alerts` section; state is a few short histories.
+
+    From the first step:
+    - **divergence (P0)**: a non-finite loss or grad norm, or, after `ABS_WARMUP` steps, a loss
+      above ln(vocab) + `ABS_MARGIN` (worse than guessing every token uniformly: no healthy run
+      is there). Action: rollback when the policy is rollback, else stop; a run cannot go on
+      from a blown-up state, whatever the policy says for spikes.
+    - **loss spike (P1)**: above the median of the recent healthy losses by `SPIKE_MADS`
+      robust standard deviations (1.4826 x MAD) and by `SPIKE_REL` of the median. The baseline
+      excludes the step being judged and every spike (frozen while alerting), so a blow-up
+      cannot drag its own reference up the way a running mean did (lr 0.3 went 7.6 -> 29.2 in
+      6 steps unnoticed). Needs `MIN_HISTORY` healthy steps. Action: the spike policy.
+    - **grad norm spike (P1)**: above `grad_norm_factor` x the median recent grad norm.
+    - **loss rising (P1)**: the smoothed loss rose for `loss_rise_steps` steps; alert only.
+    - **throughput drop (P2)**: tokens/s below `throughput_drop` x the median, never in the
+      first `THROUGHPUT_WARMUP` steps of a process (start *and* every resume: a fresh process
+      warms caches, a resumed one may even run on another machine).
+
+    One alert per episode: while a kind keeps firing on consecutive steps it is not repeated.
     """
 
-    WARMUP = 10  # steps before spike statistics are trusted
+    WINDOW = 32
+    MIN_HISTORY = 3
+    ABS_WARMUP = 5
+    ABS_MARGIN = 1.0
+    SPIKE_MADS = 6.0
+    SPIKE_REL = 0.2
+    REBASE_AFTER = 64  # consecutive spikes under policy "alert": the new level is the new normal
+    THROUGHPUT_WARMUP = 5
     THROUGHPUT_COOLDOWN = 100  # steps between two throughput alerts (one slow phase, one alert)
 
-    def __init__(self, alerts_spec: Any):
+    def __init__(self, alerts_spec: Any, vocab_size: int | None = None):
         self.spec = alerts_spec
-        self.n = 0
-        self.grad_mean = 0.0
-        self.loss_mean = 0.0
-        self.loss_var = 0.0
+        self.abs_limit = math.log(vocab_size) + self.ABS_MARGIN if vocab_size and vocab_size > 1 else None
+        self.n = 0  # steps observed (healthy or not), across resumes
+        self.losses: deque[float] = deque(maxlen=self.WINDOW)
+        self.grads: deque[float] = deque(maxlen=self.WINDOW)
+        self.spiking: list[str] = []  # kinds alerting on the previous step
+        self.spike_run = 0
         self.smooth: float | None = None
         self.rising = 0
-        self.throughput: deque[float] = deque(maxlen=50)
         self.rise_alerted = False
-        self.throughput_quiet_until = 0
+        self.throughput: deque[float] = deque(maxlen=50)
+        self.throughput_quiet_until = self.THROUGHPUT_WARMUP
 
     def state(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("spec", "throughput")} | {
-            "throughput": list(self.throughput)
-        }
+        out = {k: v for k, v in self.__dict__.items() if k not in ("spec", "abs_limit")}
+        return out | {k: list(getattr(self, k)) for k in ("losses", "grads", "throughput")}
 
     def load_state(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
-            if k == "throughput":
+            if k in ("losses", "grads"):
+                setattr(self, k, deque(v, maxlen=self.WINDOW))
+            elif k == "throughput":
                 self.throughput = deque(v, maxlen=50)
-            elif k != "spec":
-                setattr(self, k, v)
+            elif k in self.__dict__ and k not in ("spec", "abs_limit"):
+                setattr(self, k, v)  # keys of an older detector's state are ignored
+
+    def on_resume(self, step: int) -> None:
+        """A process (re)started at `step`: its first steps' speed says nothing about the run."""
+        self.throughput.clear()
+        self.throughput_quiet_until = step + self.THROUGHPUT_WARMUP
+        self.spiking = []
+
+    def _divergence(self, step: int, message: str) -> Verdict:
+        action = "rollback" if self.spec.spike_policy == "rollback" else "stop"
+        self.n += 1
+        return Verdict([Alert("P0", DIVERGENCE, message, step, action)], action)
 
     def observe(self, step: int, loss: float, grad_norm: float, tokens_per_s: float | None = None) -> Verdict:
         spec = self.spec
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            return self._divergence(step, f"loss={loss} grad_norm={grad_norm} at step {step}: not finite")
+        if self.abs_limit is not None and self.n >= self.ABS_WARMUP and loss > self.abs_limit:
+            return self._divergence(step, f"loss {loss:.4g} at step {step} is above ln(vocab)+{self.ABS_MARGIN:g} = "
+                                          f"{self.abs_limit:.4g}: worse than guessing uniformly")
+        self.n += 1
         verdict = Verdict()
         spike_action = {"alert": "none", "stop": "stop", "rollback": "rollback"}[spec.spike_policy]
-
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            action = "rollback" if spec.spike_policy == "rollback" else "stop"
-            verdict.alerts.append(Alert("P0", "nonfinite", f"loss={loss} grad_norm={grad_norm} at step {step}", step, action))
-            verdict.action = action
-            return verdict  # do not poison the statistics
-
-        if self.n >= self.WARMUP:
-            if grad_norm > spec.grad_norm_factor * self.grad_mean > 0:
-                verdict.alerts.append(Alert(
-                    "P1", "grad_norm_spike",
-                    f"grad norm {grad_norm:.4g} > {spec.grad_norm_factor:g} x running mean {self.grad_mean:.4g}",
-                    step, spike_action))
-            std = math.sqrt(max(self.loss_var, 0.0))
-            if loss > self.loss_mean + 6 * std and loss > 1.2 * self.loss_mean:
-                verdict.alerts.append(Alert(
-                    "P1", "loss_spike", f"loss {loss:.4g} vs running mean {self.loss_mean:.4g} (std {std:.3g})",
-                    step, spike_action))
-        is_spike = bool(verdict.alerts)
-        if is_spike:
+        firing: list[Alert] = []
+        if len(self.grads) >= self.MIN_HISTORY:
+            med = statistics.median(self.grads)
+            if grad_norm > spec.grad_norm_factor * med > 0:
+                firing.append(Alert("P1", "grad_norm_spike",
+                                    f"grad norm {grad_norm:.4g} > {spec.grad_norm_factor:g} x recent median {med:.4g}",
+                                    step, spike_action))
+        if len(self.losses) >= self.MIN_HISTORY:
+            med = statistics.median(self.losses)
+            mad = statistics.median(abs(x - med) for x in self.losses)
+            limit = med + max(self.SPIKE_MADS * 1.4826 * mad, self.SPIKE_REL * abs(med))
+            if loss > limit:
+                firing.append(Alert("P1", "loss_spike",
+                                    f"loss {loss:.4g} > {limit:.4g} (recent median {med:.4g}, MAD {mad:.3g})",
+                                    step, spike_action))
+        if firing:
+            self.spike_run += 1
+            # Repeated on consecutive steps: one alert per episode (the action still applies).
+            verdict.alerts += [a for a in firing if a.kind not in self.spiking]
             verdict.action = spike_action
+            self.spiking = [a.kind for a in firing]
+            if self.spike_run >= self.REBASE_AFTER:  # a lasting new level, not a spike
+                self.losses.clear()
+                self.grads.clear()
+                self.spike_run = 0
+            self._throughput(step, tokens_per_s, verdict)
+            return verdict
+        self.spiking, self.spike_run = [], 0
 
-        # Running statistics (spikes excluded, so one spike does not hide the next).
-        if not is_spike:
-            self.n += 1
-            alpha = 1.0 / min(self.n, 100)
-            self.grad_mean += alpha * (grad_norm - self.grad_mean)
-            delta = loss - self.loss_mean
-            self.loss_mean += alpha * delta
-            self.loss_var = (1 - alpha) * (self.loss_var + alpha * delta * delta)
-            previous = self.smooth
-            self.smooth = loss if previous is None else 0.9 * previous + 0.1 * loss
-            if previous is not None and self.smooth > previous:
-                self.rising += 1
-            else:
-                self.rising = 0
-                self.rise_alerted = False
-            if self.rising >= spec.loss_rise_steps and not self.rise_alerted:
-                self.rise_alerted = True
-                verdict.alerts.append(Alert(
-                    "P1", "loss_rising", f"smoothed loss rose for {self.rising} consecutive steps", step))
-
-        if tokens_per_s is not None and tokens_per_s > 0:
-            if len(self.throughput) >= 10:
-                median = statistics.median(self.throughput)
-                if tokens_per_s < spec.throughput_drop * median and step >= self.throughput_quiet_until:
-                    self.throughput_quiet_until = step + self.THROUGHPUT_COOLDOWN
-                    verdict.alerts.append(Alert(
-                        "P2", "throughput_drop", f"{tokens_per_s:.0f} tokens/s < {spec.throughput_drop:g} x median {median:.0f}",
-                        step))
-            self.throughput.append(tokens_per_s)
+        # Healthy step: it joins the baselines.
+        self.losses.append(loss)
+        self.grads.append(grad_norm)
+        previous = self.smooth
+        self.smooth = loss if previous is None else 0.9 * previous + 0.1 * loss
+        if previous is not None and self.smooth > previous:
+            self.rising += 1
+        else:
+            self.rising = 0
+            self.rise_alerted = False
+        if self.rising >= spec.loss_rise_steps and not self.rise_alerted:
+            self.rise_alerted = True
+            verdict.alerts.append(Alert(
+                "P1", "loss_rising", f"smoothed loss rose for {self.rising} consecutive steps", step))
+        self._throughput(step, tokens_per_s, verdict)
         return verdict
+
+    def _throughput(self, step: int, tokens_per_s: float | None, verdict: Verdict) -> None:
+        if tokens_per_s is None or tokens_per_s <= 0 or step < self.throughput_quiet_until:
+            return
+        if len(self.throughput) >= 10:
+            median = statistics.median(self.throughput)
+            if tokens_per_s < self.spec.throughput_drop * median:
+                self.throughput_quiet_until = step + self.THROUGHPUT_COOLDOWN
+                verdict.alerts.append(Alert(
+                    "P2", "throughput_drop",
+                    f"{tokens_per_s:.0f} tokens/s < {self.spec.throughput_drop:g} x median {median:.0f}", step))
+        self.throughput.append(tokens_per_s)
 
 
 def track_best(best: float | None, stale_evals: int, value: float) -> tuple[float, int]:

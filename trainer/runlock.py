@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from validation.errors import LaunchError
+__all__ = ["RunDirBusy", "acquire_rank_lock", "join_job", "live_ranks", "signal_ranks"]
+from validation.errors import RunDirBusy
 
 LOCK_DIR = "locks"
 JOB_TOKEN_ENV = "PIPELINE_JOB_TOKEN"
@@ -45,10 +46,6 @@ JOB_TOKEN_ENV = "PIPELINE_JOB_TOKEN"
 ACQUIRE_WAIT_S = 5.0
 """How long a rank retries a held lock: covers a launcher's momentary liveness probe."""
 PR_SET_PDEATHSIG = 1
-
-
-class RunDirBusy(LaunchError):
-    """Another live job holds a rank lock of this run directory."""
 
 
 @dataclass

@@ -7,8 +7,8 @@ a failure of the machinery is retried, a bad result of the training is not.
 | what ended the attempt                                    | verdict  |
 |-----------------------------------------------------------|----------|
 | exit 0 (and `result.json` "finished" or absent)            | success  |
-| `result.json` status "failed" / "stopped" (divergence,     | give up: a bad result, rerunning |
-|   early stop, alert policy) and not killed by SIGTERM      |   the same thing gives the same answer |
+| `result.json` status "failed" / "stopped" / "diverged"     | give up: a bad result, rerunning |
+|   (early stop, alert policy) and not killed by SIGTERM     |   the same thing gives the same answer |
 | exit 2 usage/spec, 3 data, 11 doctor refused               | give up: deterministic, fix the input |
 | a cancel requested by a user (`RUN/cancel.requested`)      | give up: cancelled |
 | any other non-zero exit: Python crash (1), SIGKILL / OOM   | retry, up to `max_restarts` |
@@ -60,7 +60,7 @@ def classify(exit_code: int | None, result_status: str | None, cancelled: bool =
     if exit_code == 0 and result_status in (None, "finished") and phase not in (Phase.LOST, Phase.TIMEOUT):
         return Decision(Verdict.SUCCESS, "finished")
     preempted = exit_code in PREEMPTION_EXIT_CODES
-    if result_status in ("failed", "stopped") and not preempted:
+    if result_status in ("failed", "stopped", "diverged") and not preempted:
         return Decision(Verdict.GIVE_UP, f"training result is '{result_status}' (a bad result is not retried)")
     if exit_code in NO_RETRY_EXIT_CODES:
         return Decision(Verdict.GIVE_UP, f"exit {exit_code}: {NO_RETRY_EXIT_CODES[exit_code]}")

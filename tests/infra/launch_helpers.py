@@ -19,7 +19,7 @@ PROBE = (str(INFRA / "probe_train.py"),)
 
 def tiny_spec_dict(data_root: Path, *, nodes: int = 1, procs: int = 1, launcher: str = "local",
                    rendezvous: str | None = None, max_steps: int = 6, max_restarts: int = 2,
-                   train: dict[str, Any] | None = None) -> dict[str, Any]:
+                   train: dict[str, Any] | None = None, alerts: dict[str, Any] | None = None) -> dict[str, Any]:
     """A tiny, valid experiment whose sources are files under `data_root`."""
     sources = []
     for name, weight in (("code", 0.5), ("docs", 0.5)):
@@ -40,7 +40,7 @@ def tiny_spec_dict(data_root: Path, *, nodes: int = 1, procs: int = 1, launcher:
                   "checkpoint_interval": 2, "log_interval": 1, "eval_batches": 1, "max_restarts": max_restarts}
         | (train or {}),
         "resource": resource,
-    }
+    } | ({"alerts": alerts} if alerts else {})
 
 
 def make_job(tmp: Path, program: tuple[str, ...] = PROBE, **spec_kwargs: Any) -> tuple[LaunchJob, ExperimentSpec]:
@@ -73,7 +73,7 @@ def trainer_available() -> bool:
     """The real trainer and its data preparation are importable (H-trainer/H-data landed)."""
     try:
         import trainer.entry  # noqa: F401
-        from trainer.data import prepare_data  # noqa: F401
+        from validation.data import prepare_data  # noqa: F401
     except ImportError:
         return False
     return (Path(__file__).resolve().parents[2] / "trainer" / "__main__.py").is_file()
@@ -83,7 +83,7 @@ def make_trainer_job(tmp: Path, **spec_kwargs: Any) -> tuple[LaunchJob, Experime
     """Like `make_job` but for the real trainer: the data is really prepared (tiny)."""
     import os
 
-    from trainer.data import prepare_data
+    from validation.data import prepare_data
 
     job, spec = make_job(tmp, program=("-m", "trainer"), **spec_kwargs)
     os.environ["PIPELINE_DATA_ROOTS"] = str(tmp / "data")

@@ -1,0 +1,121 @@
+"""Divergence is seen from step 1 and the spike policy acts on it (`trainer.monitor`).
+
+Unit tests feed the detector loss curves; the integration tests train the real trainer with
+the learning rate at the schema's maximum and no clipping, for each spike policy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.monitor import AnomalyDetector
+from validation.spec import AlertsSpec
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _kinds(verdict) -> list[tuple[str, str]]:
+    return [(a.level, a.kind) for a in verdict.alerts]
+
+
+@pytest.mark.unit
+def test_the_blow_up_that_went_unnoticed_is_a_p0_divergence_by_step_6():
+    # Measured with lr 0.3 (issue): 7.6 -> 29.2 by step 6, seen by the old detector only as P2 throughput.
+    det = AnomalyDetector(AlertsSpec(spike_policy="rollback"), vocab_size=2048)
+    seen = []
+    for step, loss in enumerate([7.6, 9.0, 12.5, 17.0, 22.0, 29.2, 35.0], start=1):
+        verdict = det.observe(step, loss, 3.0)
+        seen += [(step, *k, verdict.action) for k in _kinds(verdict)]
+    first = seen[0]
+    assert first == (6, "P0", "divergence", "rollback"), seen
+    assert "above ln(vocab)+1" in det.observe(8, 40.0, 3.0).alerts[0].message
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("policy", "action"), [("alert", "stop"), ("stop", "stop"), ("rollback", "rollback")])
+def test_a_non_finite_loss_at_step_1_is_a_p0_divergence(policy, action):
+    verdict = AnomalyDetector(AlertsSpec(spike_policy=policy), vocab_size=320).observe(1, float("nan"), 1.0)
+    assert _kinds(verdict) == [("P0", "divergence")] and verdict.action == action
+
+
+@pytest.mark.unit
+def test_a_spike_is_judged_against_a_baseline_that_excludes_it():
+    det = AnomalyDetector(AlertsSpec(spike_policy="stop"), vocab_size=320)
+    for step in range(1, 8):
+        assert det.observe(step, 5.0 - 0.05 * step, 1.0).action == "none"
+    spike = det.observe(8, 6.5, 1.0)  # +1.9 (40 %) over a quiet curve: a spike, from step 8
+    assert _kinds(spike) == [("P1", "loss_spike")] and spike.action == "stop"
+    assert 6.5 not in det.losses
+    # Consecutive spiking steps: one alert for the episode, the policy still applies...
+    again = det.observe(9, 6.6, 1.0)
+    assert again.alerts == [] and again.action == "stop"
+    # ...and after a healthy step the next spike is alerted again (one spike does not hide the next).
+    assert det.observe(10, 4.6, 1.0).action == "none"
+    assert _kinds(det.observe(11, 6.7, 1.0)) == [("P1", "loss_spike")]
+
+
+@pytest.mark.unit
+def test_a_healthy_noisy_curve_raises_nothing():
+    rng = random.Random(7)
+    det = AnomalyDetector(AlertsSpec(loss_rise_steps=50), vocab_size=320)
+    for step in range(1, 600):
+        loss = 3.0 + 2.8 * math.exp(-step / 60) + rng.gauss(0, 0.06)
+        grad = 1.0 + abs(rng.gauss(0, 0.3))
+        verdict = det.observe(step, loss, grad, tokens_per_s=1000 + rng.gauss(0, 30))
+        assert verdict.alerts == [], (step, _kinds(verdict))
+
+
+@pytest.mark.unit
+def test_no_throughput_drop_while_a_resumed_process_warms_up():
+    det = AnomalyDetector(AlertsSpec(throughput_drop=0.5), vocab_size=320)
+    for step in range(1, 40):
+        det.observe(step, 3.0, 1.0, tokens_per_s=1000.0)
+    state = json.loads(json.dumps(det.state()))  # as saved in a checkpoint
+    resumed = AnomalyDetector(AlertsSpec(throughput_drop=0.5), vocab_size=320)
+    resumed.load_state(state)
+    resumed.on_resume(39)
+    slow = [resumed.observe(39 + i, 3.0, 1.0, tokens_per_s=200.0).alerts for i in range(1, 5)]
+    assert slow == [[], [], [], []]  # the first steps of the new process are not judged
+    fast = [resumed.observe(44 + i, 3.0, 1.0, tokens_per_s=1000.0).alerts for i in range(12)]
+    assert fast == [[]] * 12
+    assert _kinds(resumed.observe(60, 3.0, 1.0, tokens_per_s=300.0)) == [("P2", "throughput_drop")]
+
+
+# --------------------------------------------------------------------------- the real trainer
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("policy", ["stop", "rollback"])
+def test_lr_at_the_schema_maximum_without_clipping_diverges_early_and_the_policy_acts(tmp_path, policy):
+    from infra.launch_helpers import USE_TRAINER, make_trainer_job
+
+    if not USE_TRAINER:
+        pytest.skip("needs the real trainer")
+    from validation.spec import TrainSpec
+
+    top = next(m.le for m in TrainSpec.model_fields["lr"].metadata if getattr(m, "le", None) is not None)
+    job, spec = make_trainer_job(tmp_path, procs=1, train={"lr": top, "grad_clip": 0.0, "max_steps": 40,
+                                                           "checkpoint_interval": 2, "eval_interval": 1000},
+                                 alerts={"spike_policy": policy, "max_rollbacks": 2})
+    out = subprocess.run([sys.executable, "-m", "trainer", "--spec", str(job.spec_path), "--run-dir", str(job.run_dir),
+                          "--data-dir", str(job.data_dir), "--tracking-uri", "none"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    alerts = [json.loads(line) for line in (job.run_dir / "alerts.jsonl").read_text().splitlines()]
+    first = next(a for a in alerts if a["kind"] in ("divergence", "loss_spike", "grad_norm_spike"))
+    assert first["level"] in ("P0", "P1") and first["step"] <= 10, alerts
+    result = json.loads((job.run_dir / "result.json").read_text())
+    assert out.returncode == 5, out.stderr[-2000:]
+    assert result["status"] == "diverged" and isinstance(result["diverged_at_step"], int), result
+    if policy == "rollback":
+        assert [a["kind"] for a in alerts].count("rollback") == 2  # max_rollbacks, then it gives up
+        assert result["stop_reason"] == "rollback_failed" and result["diverged_at_step"] >= first["step"]
+    else:
+        assert result["diverged_at_step"] == first["step"] == result["steps"]
