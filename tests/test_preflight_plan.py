@@ -149,8 +149,10 @@ def test_tiny_cpu_memory_by_hand():
     assert memory.activations_bytes == 2 * (2 * 34 * 128 * 8 * 64) == 8_912_896
     assert memory.logits_bytes == 128 * 8 * 256 * 8  # seq x micro x vocab x 8 bytes
     assert memory.overhead_bytes == FRAMEWORK_OVERHEAD_BYTES_CPU == GIB // 2
-    total = 123_200 * 16 + 8_912_896 + 2_097_152 + 536_870_912
-    assert memory.total_bytes == total == 549_852_160
+    # DDP (dp=2): its gradient buckets are one more fp32 gradient per parameter.
+    assert memory.wrapper_bytes == params * 4
+    total = 123_200 * 20 + 8_912_896 + 2_097_152 + 536_870_912
+    assert memory.total_bytes == total == 550_344_960
     assert memory.capacity_bytes == 16 * GIB
     assert memory.fits
     assert memory.headroom_pct == pytest.approx(100 * (16 * GIB - total) / (16 * GIB))
@@ -188,7 +190,11 @@ def test_seven_b_on_eight_h100_needs_fsdp():
     assert m.activations_bytes == 32 * 34 * 4096 * 1 * 4096
     assert m.logits_bytes == 4096 * 1 * 32000 * 8
     assert m.overhead_bytes == FRAMEWORK_OVERHEAD_BYTES_GPU
-    assert m.total_bytes == shard * 16 + 32 * 34 * 4096 * 4096 + 4096 * 32000 * 8 + GIB
+    # FSDP's working set: the largest group (a decoder layer, 202M params) unsharded with its
+    # gradients (2 + 2 bytes), plus the next layer's bf16 weights prefetched.
+    layer = (6_738_415_616 - 2 * 32000 * 4096) // 32
+    assert m.wrapper_bytes == layer * 4 + layer * 2
+    assert m.total_bytes == shard * 16 + layer * 6 + 32 * 34 * 4096 * 4096 + 4096 * 32000 * 8 + GIB
     assert m.fits and 55 < m.headroom_pct < 65
 
 

@@ -89,6 +89,16 @@ ATTENTION_SCORES_STORED: dict[str, bool] = {"eager": True, "sdpa": False}
 # dominates for small models with large vocabularies.
 LOGIT_BYTES_PER_ELEMENT = 8
 
+# What the data-parallel wrapper holds besides the states above (checked against measured
+# per-rank memory by bench/bench_parallel_memory.py, tests/test_preflight_memory.py):
+# - DDP copies every gradient into its own communication buckets (gradient_as_bucket_view is
+#   off, as accelerate leaves it): one more gradient per parameter at the peak.
+# - FSDP gathers one group at a time: the group being computed in full (its parameters, and
+#   its unsharded gradients before the reduce-scatter) plus the next layer prefetched. The
+#   largest group is usually the embedding or the LM head (their own groups), vocab x hidden.
+DDP_GRADIENT_BUCKET_COPIES = 1
+FSDP_PREFETCHED_LAYERS = 1
+
 # CUDA context, NCCL buffers and allocator slack per GPU; interpreter, torch and gloo
 # buffers per CPU process.
 FRAMEWORK_OVERHEAD_BYTES_GPU = 1 * GIB
@@ -143,11 +153,14 @@ class MemoryEstimate:
     """Bytes per parameter behind weights/gradients/optimizer."""
     sharding_degree: int
     """How many ways the parameter states are split on this device (tp x pp x dp-if-FSDP)."""
+    wrapper_bytes: int = 0
+    """DDP's gradient buckets, or FSDP's unsharded working set (see `DDP_GRADIENT_BUCKET_COPIES`)."""
 
     @property
     def total_bytes(self) -> int:
         return (
-            self.weights_bytes
+            self.wrapper_bytes
+            + self.weights_bytes
             + self.gradients_bytes
             + self.optimizer_bytes
             + self.activations_bytes
@@ -336,6 +349,7 @@ def estimate_memory(spec: ExperimentSpec, layout: ParallelLayout) -> MemoryEstim
 
     Parameter states: N x 16 bytes (see `STATE_BYTES`) divided by tp x pp (each device
     holds its slice of the model), and by dp too when FSDP shards everything (ZeRO-3).
+    Wrapper: DDP's gradient buckets or FSDP's unsharded group (see `DDP_GRADIENT_BUCKET_COPIES`).
     Activations: Korthikanti's per-layer bytes / tp (sequence parallelism assumed), times
     the layers of one pipeline stage, times the micro-batches a 1F1B schedule keeps in
     flight on the first stage, min(pp, grad_accum_steps) -- which is why pipelining
@@ -363,6 +377,16 @@ def _memory(spec: ExperimentSpec, dp: int, tp: int, pp: int, fsdp: bool, micro_b
     activations = -(-per_layer // tp) * (model.num_layers // pp) * in_flight
     logits = -(-(spec.data.seq_len * micro_batch * model.vocab_size * LOGIT_BYTES_PER_ELEMENT) // tp)
 
+    if fsdp and dp > 1:
+        embedding = model.vocab_size * model.hidden_size
+        layer = (model.parameter_count() - embedding * (1 if model.tie_word_embeddings else 2)) // model.num_layers
+        largest = -(-max(embedding, layer) // tp)
+        wrapper = largest * (state.weights + state.gradients) + FSDP_PREFETCHED_LAYERS * -(-layer // tp) * state.weights
+    elif dp > 1:
+        wrapper = DDP_GRADIENT_BUCKET_COPIES * params_here * state.gradients
+    else:
+        wrapper = 0
+
     return MemoryEstimate(
         parameters_per_device=params_here,
         weights_bytes=params_here * state.weights,
@@ -374,6 +398,7 @@ def _memory(spec: ExperimentSpec, dp: int, tp: int, pp: int, fsdp: bool, micro_b
         capacity_bytes=int(resource.gpu_memory_gb * GIB),
         state_bytes=state,
         sharding_degree=sharding,
+        wrapper_bytes=wrapper,
     )
 
 
@@ -413,7 +438,12 @@ def _candidates(
     """Layouts honouring the divisibility rules and `capability`, most preferred first."""
     resource = spec.resource
     if resource.gpus_per_node == 0:
-        yield (nodes * resource.cpu_processes, 1, 1, False)
+        # CPU processes: replicated first, then sharded (FSDP2 runs on gloo) where the
+        # trainer can execute it; tensor/pipeline parallelism never pays off on CPUs.
+        world = nodes * resource.cpu_processes
+        yield (world, 1, 1, False)
+        if world > 1 and "fsdp" in capability.axes(on_gpu=False):
+            yield (world, 1, 1, True)
         return
     axes = capability.axes(on_gpu=True)
     gpn = resource.gpus_per_node
@@ -606,7 +636,8 @@ def _raise(locate: Locator, field_path: str, message: str) -> NoReturn:
 def _breakdown(memory: MemoryEstimate) -> str:
     states = memory.weights_bytes + memory.gradients_bytes + memory.optimizer_bytes
     return (
-        f"states {format_bytes(states)}, activations {format_bytes(memory.activations_bytes)}, "
+        f"states {format_bytes(states)}, wrapper {format_bytes(memory.wrapper_bytes)}, "
+        f"activations {format_bytes(memory.activations_bytes)}, "
         f"logits {format_bytes(memory.logits_bytes)}, overhead {format_bytes(memory.overhead_bytes)}"
     )
 
@@ -780,6 +811,7 @@ def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
     fits = "fits" if m.fits else "DOES NOT FIT"
     return [
         ("layout", f"{p.describe()} ({p.chosen_by})"),
+        ("why", _why_layout(p)),
         ("world size", f"{p.world_size} = {devices}"),
         ("parameters", f"{format_count(plan.parameters)} ({plan.parameters:,})"),
         (
@@ -792,6 +824,7 @@ def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ("optimizer", f"{format_bytes(m.optimizer_bytes)} ({m.state_bytes.optimizer} B/param, AdamW)"),
         ("activations", format_bytes(m.activations_bytes)),
         ("logits", format_bytes(m.logits_bytes)),
+        ("ddp/fsdp", f"{format_bytes(m.wrapper_bytes)} ({_wrapper_what(plan.parallel)})"),
         ("overhead", format_bytes(m.overhead_bytes)),
         (
             "memory/device",
@@ -825,6 +858,27 @@ def _seeds_note(seeds: int) -> str:
     if seeds == 2:
         return "2 paired seeds: a test, with little power (3 or more advised)"
     return f"{seeds} paired seeds"
+
+
+def _why_layout(p: ParallelPlan) -> str:
+    """One line: why this layout (the cheaper ones tried first and what they needed)."""
+    if p.chosen_by == "explicit":
+        return "set in the spec (parallel:); verified to fit"
+    if not p.rejected:
+        if p.dp == 1 and p.tp == 1 and p.pp == 1:
+            return "one process: nothing to split"
+        return "fits replicated: plain data parallelism is the cheapest layout"
+    tried = "; ".join(p.rejected)
+    capacity = format_bytes(p.memory.capacity_bytes)
+    return f"the first layout that fits {capacity} per device; cheaper ones need more ({tried})"
+
+
+def _wrapper_what(p: ParallelPlan) -> str:
+    if p.dp == 1:
+        return "one replica: nothing to synchronise"
+    if p.fsdp:
+        return "largest group unsharded + next layer prefetched"
+    return "DDP gradient buckets"
 
 
 def render_plan_text(plan: Plan) -> str:
