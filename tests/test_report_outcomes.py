@@ -96,7 +96,7 @@ def test_a_diverged_candidate_is_refuted_with_the_step_the_alert_on_top_and_the_
     md = built.markdown
     assert md.index("P0 divergence") < md.index("**Verdict:**")  # the alert is at the top
     assert "```mermaid" in md and "train/loss, diverged seed 1235" in md  # its own curve, not a mean
-    assert "tiny" not in md and "Unpaired seeds" not in md  # its baseline seed is explained by "Not finished"
+    assert "Unpaired seeds" not in md  # its baseline seed is explained by "Not finished"
     assert json.loads((tmp_path / "out" / "result.json").read_text())["verdict"]["diverged_at_step"] == 40
 
 
@@ -259,3 +259,31 @@ def test_the_verdict_tag_goes_only_on_runs_the_candidate_trained(tmp_path):
             for d in seed_dirs}
     assert tags["higher-lr"].get("pipeline.verdict") == "supported"
     assert "pipeline.verdict" not in tags["base"]
+
+
+@pytest.mark.e2e
+def test_lr_times_333_through_the_flow_is_refuted_as_diverged_with_the_alert_on_top(tmp_path, monkeypatch):
+    """`pipeline run` of a learning rate 333x the baseline's (the review's case): the trainer
+    stops the run as diverged, orchestration carries on, and the verdict says so."""
+    import time
+
+    from pipelines.orchestrate import ExperimentFlow, RunOptions
+    from tests.test_orchestrate_e2e import BASE, CANDIDATE
+    from trainer.data import build_demo_corpus
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "tiny-base.yaml").write_text(BASE)
+    (tmp_path / "experiments" / "tiny-lr333.yaml").write_text(CANDIDATE.format(name="tiny-lr333", lr=1.0))
+    build_demo_corpus(tmp_path / "data" / "demo", max_bytes=150_000)
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    started = time.time()
+    flow = ExperimentFlow(tmp_path, RunOptions(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", smoke=False))
+    candidate, baseline = flow.run(tmp_path / "experiments" / "tiny-lr333.yaml")
+    print(f"lr x 333 flow: {time.time() - started:.0f} s")
+    assert candidate.verdict == "refuted", candidate.verdict_reason
+    assert candidate.verdict_reason.startswith("Refuted: candidate diverged at step")
+    result = json.loads((candidate.seed_dirs[0] / "result.json").read_text())
+    assert result["status"] == "diverged" and f"at step {result['diverged_at_step']}" in candidate.verdict_reason
+    md = (candidate.report_dir / "report.md").read_text()
+    assert md.index("divergence") < md.index("**Verdict:**")  # the alert above the verdict
