@@ -53,9 +53,10 @@ def main(append: bool = True) -> dict:
     import numpy as np
     import tokenizers
 
-    from trainer.data import MixtureBatcher, PreparedData, build_demo_corpus, packing_efficiency, prepare_data
-    from trainer.data.clean import clean_text
-    from trainer.data.prepare import encode_documents, parallel_tokenizers
+    from trainer.data import MixtureBatcher, packing_efficiency
+    from validation.data import PreparedData, build_demo_corpus, prepare_data
+    from validation.data.clean import clean_text
+    from validation.data.prepare import encode_documents, parallel_tokenizers
     from validation.loader import load_spec
 
     figures: dict = {}

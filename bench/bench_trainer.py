@@ -62,7 +62,7 @@ def bench_spec(precision: str, steps: int, async_ckpt: bool = False, ckpt_every:
 
 
 def prepared_data() -> Any:
-    from trainer.data import build_demo_corpus, prepare_data
+    from validation.data import build_demo_corpus, prepare_data
 
     if not (REPO / "data" / "demo" / "docs.jsonl").is_file():
         build_demo_corpus(REPO / "data" / "demo")

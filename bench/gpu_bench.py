@@ -175,8 +175,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not torch.cuda.is_available():
         print("gpu_bench: no CUDA device; nothing to measure", file=sys.stderr)
         return {}
-    from trainer.data import build_demo_corpus, prepare_data
     from trainer.model import flops_per_token
+    from validation.data import build_demo_corpus, prepare_data
 
     spec = spec_for(args.size, args.seq, args.micro, args.steps, args.compile)
     if not (REPO / "data" / "demo" / "docs.jsonl").is_file():

@@ -84,7 +84,8 @@ def packed_rows(spec: Any, dry_run: bool) -> tuple[list[dict[str, Any]], Any]:
         ids = [rng.integers(0, spec.model.vocab_size, size=(micro, seq), dtype=np.int64) for _ in range(steps)]
         pos = np.tile(np.arange(seq, dtype=np.int64), (micro, 1))
         return [{"input_ids": x, "labels": x.copy(), "position_ids": pos} for x in ids], None
-    from trainer.data import MixtureBatcher, build_demo_corpus, prepare_data
+    from trainer.data import MixtureBatcher
+    from validation.data import build_demo_corpus, prepare_data
 
     if not (REPO / "data" / "demo" / "docs.jsonl").is_file():
         build_demo_corpus(REPO / "data" / "demo")
@@ -120,11 +121,11 @@ def _sync(on_gpu: bool) -> None:
 
 def run_fsdp2(spec: Any, batches: list[dict[str, Any]], on_gpu: bool) -> dict[str, float]:
     import torch
+    from bench_parallel_memory import init_rope_buffers
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
-    from bench_parallel_memory import init_rope_buffers
     from trainer.model import hf_config
 
     device = torch.device("cuda" if on_gpu else "cpu")
@@ -175,6 +176,7 @@ def run_trainer(spec: Any, prepared: Any, work: Path) -> dict[str, float] | None
     if prepared is None or not TRAINER.supports(spec.parallel_layout(), on_gpu=True):
         return None
     from bench_trainer import reset_accelerate
+
     from trainer.loop import Trainer
 
     reset_accelerate()
@@ -189,10 +191,10 @@ def run_trainer(spec: Any, prepared: Any, work: Path) -> dict[str, float] | None
 
 def run_hf(spec: Any, batches: list[dict[str, Any]], on_gpu: bool, work: Path) -> dict[str, float]:
     import torch
+    from bench_trainer import reset_accelerate
     from transformers import Trainer as HFTrainer
     from transformers import TrainerCallback, TrainingArguments
 
-    from bench_trainer import reset_accelerate
     from trainer.model import build_model
 
     reset_accelerate()
@@ -241,8 +243,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
 
     import torch
-
     from bench_trainer import machine
+
     from trainer.model import flops_per_token
 
     on_gpu = torch.cuda.is_available() and not args.dry_run

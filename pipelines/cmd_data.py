@@ -1,7 +1,7 @@
 """`pipeline data demo | prepare | check`: build the demo corpus, prepare a data version,
 run the distribution checks.
 
-Cheap to import: `trainer.data` (numpy + tokenizers), the spec loader and
+Cheap to import: `validation.data` (numpy + tokenizers), the spec loader and
 great-expectations are imported inside the commands.
 """
 
@@ -60,7 +60,7 @@ def demo(
     max_mb: Annotated[float | None, typer.Option(help="Cap every source at this many MB (default: 4 MB code, 1.5 MB docs, 1 MB reference).")] = None,
 ) -> None:
     """Build the demo corpus from this interpreter's standard library (no download)."""
-    from trainer.data import build_demo_corpus
+    from validation.data import build_demo_corpus
 
     started = time.perf_counter()
     corpus = build_demo_corpus(out, int(max_mb * 1e6) if max_mb else None)
@@ -77,7 +77,7 @@ def prepare(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Clean, de-duplicate, tokenize and shard the sources; a second run is a cache hit."""
-    from trainer.data import prepare_data
+    from validation.data import prepare_data
 
     try:
         resolved, repo = _load(spec_file)
@@ -116,8 +116,8 @@ def check(
     out: Annotated[Path | None, typer.Option(help="Directory for data_check.{json,md,html} (default: data/checks/<name>).")] = None,
 ) -> None:
     """Validate the prepared data with great-expectations: absolute rules and drift vs the baseline."""
-    from trainer.data import prepare_data
-    from validation.data_checks import run_data_checks
+    from validation.data import prepare_data
+    from validation.data.checks import run_data_checks
     from validation.errors import DataCheckFailed
     from validation.loader import load_spec
 

@@ -48,8 +48,8 @@ def smoke(
         repo = find_repo_root(spec_file)
         resolved = resolve(spec_file, repo)
         spec = resolved.spec
-        from trainer.data import prepare_data
         from trainer.smoke import run_smoke
+        from validation.data import prepare_data
 
         prepared = prepare_data(spec.data, repo, cache, progress=False)
         target = run_dir or repo / "runs" / "smoke" / spec.name

@@ -20,7 +20,7 @@ from validation.errors import UsageError
 def run_demo(repo: Path, experiment: str) -> None:
     from pipelines.orchestrate import ExperimentFlow, RunOptions, summary_lines
     from pipelines.progress import RichReporter
-    from trainer.data import build_demo_corpus
+    from validation.data import build_demo_corpus
     from validation.loader import load_spec
     from validation.preflight import make_plan, render_plan_text
 

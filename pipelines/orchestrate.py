@@ -3,7 +3,7 @@
 current code and data) and the candidate, on the same seeds.
 
 This module decides what to run and in which order; the work itself is done by the data
-layer (`trainer.data`), the data checks (`validation.data_checks`), the launchers
+layer (`validation.data`), the data checks (`validation.data.checks`), the launchers
 (`pipelines.launchers`) and `reports`. It does not know what a transformer is.
 """
 
@@ -285,20 +285,20 @@ class ExperimentFlow:
 
     # ------------------------------------------------------------------ stages
 
-    def _prepare(self, spec: ExperimentSpec):  # -> trainer.data.PreparedData
+    def _prepare(self, spec: ExperimentSpec):  # -> validation.data.PreparedData
         from pipelines.resources import ensure_disk_space
-        from trainer.data import prepare_data
+        from validation.data import prepare_data
 
         ensure_disk_space(self.repo / "data", need_gb=1.0, what="data preparation")
         return prepare_data(spec.data, self.repo, progress=True)
 
     def _prepare_cached(self, spec: ExperimentSpec):
-        from trainer.data import prepare_data
+        from validation.data import prepare_data
 
         return prepare_data(spec.data, self.repo, progress=False)
 
     def _check(self, spec: ExperimentSpec, prepared, base_prepared, out_dir: Path) -> StageOutcome:
-        from validation.data_checks import run_data_checks
+        from validation.data.checks import run_data_checks
 
         out_dir.mkdir(parents=True, exist_ok=True)
         result = run_data_checks(spec, prepared, baseline=base_prepared, out_dir=out_dir)

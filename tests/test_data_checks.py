@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_data_support import build_small_demo, demo_sources, make_spec
+from infra.data_helpers import build_small_demo, demo_sources, make_spec
 
-from trainer.data import prepare_data
-from trainer.data.profile import js_divergence
-from validation.data_checks import run_data_checks, source_rows
+from validation.data import prepare_data
+from validation.data.checks import run_data_checks, source_rows
+from validation.data.profile import js_divergence
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_data_support import demo_sources, make_spec
+from infra.data_helpers import demo_sources, make_spec
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}

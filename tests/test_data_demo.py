@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data_support import demo_sources, make_spec
+from infra.data_helpers import demo_sources, make_spec
 
-from trainer.data import MixtureBatcher, build_demo_corpus, eval_batches, packing_efficiency, prepare_data
-from trainer.data.profile import js_divergence
+from trainer.data import MixtureBatcher, eval_batches, packing_efficiency
+from validation.data import build_demo_corpus, prepare_data
+from validation.data.profile import js_divergence
 
 
 @pytest.mark.unit

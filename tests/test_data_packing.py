@@ -14,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data_support import build_small_demo, demo_sources, make_spec
+from infra.data_helpers import build_small_demo, demo_sources, make_spec
 
-from trainer.data import MixtureBatcher, prepare_data
+from trainer.data import MixtureBatcher
+from validation.data import prepare_data
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data_support import build_small_demo, demo_sources, make_spec, prose, write_jsonl
+from infra.data_helpers import build_small_demo, demo_sources, make_spec, prose, write_jsonl
 
-from trainer.data import PreparedData, compute_version, prepare_data
-from trainer.data.clean import clean_text
-from trainer.data.prepare import check_free_space
+from validation.data import PreparedData, compute_version, prepare_data
+from validation.data.clean import clean_text
+from validation.data.prepare import check_free_space
 from validation.errors import DataError
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_data_support import write_jsonl
+from infra.data_helpers import write_jsonl
 
-from trainer.data.sources import read_documents, resolve_files
+from validation.data.sources import read_documents, resolve_files
 from validation.errors import DataError
 from validation.spec import DataSource
 

@@ -78,7 +78,7 @@ def _dead_port() -> int:
 
 
 def test_mlflow_down_for_a_whole_run_is_bounded_spooled_and_replayed_once(tmp_path, monkeypatch, mlflow_server):
-    from trainer.data import build_demo_corpus
+    from validation.data import build_demo_corpus
 
     repo = tmp_path / "repo"
     (repo / "experiments").mkdir(parents=True)

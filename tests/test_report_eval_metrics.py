@@ -23,8 +23,8 @@ pytestmark = pytest.mark.integration
 def setup(tmp_path_factory):
     import torch
 
-    from trainer.data import prepare_data
     from trainer.model import build_model
+    from validation.data import prepare_data
     from validation.spec import DataSpec, ExperimentSpec
 
     tmp = tmp_path_factory.mktemp("evalfixed")

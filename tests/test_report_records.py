@@ -61,7 +61,7 @@ def write_run(root: Path, name: str, seed: int, *, final_loss: float, lr: float,
         lines.append({"step": step, "key": "data/mix/code", "value": code_weight + 0.01})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 1')  # torn last line
     (run_dir / "alerts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in alerts or []))
-    if check_ok is not None:  # as validation.data_checks and the orchestrator's check stage write them
+    if check_ok is not None:  # as validation.data.checks and the orchestrator's check stage write them
         (exp_dir / "stages").mkdir(exist_ok=True)
         (exp_dir / "check").mkdir(exist_ok=True)
         outcomes = [{"check": "min_documents", "source": "code", "observed": 80.0, "expected": "at least 50",

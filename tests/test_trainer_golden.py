@@ -103,8 +103,8 @@ def _machine() -> dict[str, str]:
 
 
 def run_tiny(tmp: Path) -> dict[int, float]:
-    from trainer.data import prepare_data
     from trainer.entry import main
+    from validation.data import prepare_data
     from validation.spec import DataSpec
 
     corpus = _write_corpus(tmp / "corpus")

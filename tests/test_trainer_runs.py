@@ -43,7 +43,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     old = os.environ.get("PIPELINE_DATA_ROOTS")
     os.environ["PIPELINE_DATA_ROOTS"] = str(root)
     try:
-        from trainer.data import build_demo_corpus, prepare_data
+        from validation.data import build_demo_corpus, prepare_data
         from validation.spec import DataSpec
 
         build_demo_corpus(root / "demo", 150_000)

@@ -1,18 +1,16 @@
-"""Data for training: versioned preparation, mixture sampling, document-masked packing.
+"""Training rows: packed, mixture-weighted micro-batches and deterministic evaluation rows.
 
-Imports numpy and tokenizers only (never torch), so preparing and checking data is cheap
-to import on any CI runner.
+The data layer itself (preparation, prepared data, the mixture schedule, profiles, checks)
+lives below the trainer in `validation.data`; this package builds the rows the model sees
+on top of it, and re-exports what the trainer reads, so the trainer imports one place.
 
-    prepared = prepare_data(spec.data, repo_root)            # idempotent, cached by content
     batcher = MixtureBatcher(prepared, spec.data.weights(), seq_len, micro, accum, seed, rank, world)
     batch = batcher.batch(step, micro_step)                  # np.int64 input_ids/labels/position_ids
     for batch in eval_batches(prepared, "docs", seq_len, batch_size, max_batches): ...
 """
 
 from trainer.data.batcher import IGNORE_INDEX, MixtureBatcher, eval_batches, packing_efficiency
-from trainer.data.demo import DEMO_SOURCES, build_demo_corpus
-from trainer.data.prepare import compute_version, prepare_data
-from trainer.data.prepared import PreparedData
+from validation.data import DEMO_SOURCES, PreparedData, build_demo_corpus, compute_version, prepare_data
 
 __all__ = [
     "DEMO_SOURCES",

@@ -30,22 +30,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from trainer.data.prepared import PreparedData
-from validation.errors import DataError
+from validation.data.mixture import MixtureSchedule
+from validation.data.prepared import PreparedData
 
 IGNORE_INDEX = -100
-_BLOCK = 1024
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def _unit_interval(seed: int, steps: np.ndarray) -> np.ndarray:
-    """A fixed pseudo-random number in [0, 1) per (seed, step): splitmix64, vectorised."""
-    with np.errstate(over="ignore"):
-        z = steps.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed * 0x2545F4914F6CDD1D & 0xFFFFFFFFFFFFFFFF)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 def _segment_arrays(pieces: list[np.ndarray], seq_len: int) -> tuple[np.ndarray, ...]:
@@ -65,8 +53,9 @@ def _segment_arrays(pieces: list[np.ndarray], seq_len: int) -> tuple[np.ndarray,
     return input_ids, labels, position_ids
 
 
-class MixtureBatcher:
-    """Training micro-batches for one rank, drawn from the sources by mixture weight."""
+class MixtureBatcher(MixtureSchedule):
+    """Training micro-batches for one rank, drawn from the sources by mixture weight
+    (`validation.data.mixture.MixtureSchedule` decides which source each row comes from)."""
 
     def __init__(
         self,
@@ -81,77 +70,13 @@ class MixtureBatcher:
     ):
         assert seq_len >= 1 and micro_batch_size >= 1 and grad_accum_steps >= 1
         assert 0 <= rank < world_size, (rank, world_size)
-        unknown = sorted(set(weights) - set(prepared.sources))
-        if unknown:
-            raise DataError(f"mixture names sources not in prepared data {prepared.version}: {', '.join(unknown)}")
-        # Prepared order (= spec order), not dict order, so the stream never depends on YAML key order.
-        self.sources = [s for s in prepared.sources if weights.get(s, 0.0) > 0.0]
-        if not self.sources:
-            raise DataError("mixture has no source with a positive weight")
-        for name in self.sources:
-            if prepared.documents(name, "train") == 0:
-                raise DataError(f"source '{name}' has weight > 0 but no training documents")
-        total = sum(weights[s] for s in self.sources)
-        self.weights = {s: weights[s] / total for s in self.sources}
-        self.prepared = prepared
+        super().__init__(prepared, weights, world_size * grad_accum_steps * micro_batch_size, seed)
         self.seq_len = seq_len
         self.micro_batch_size = micro_batch_size
         self.grad_accum_steps = grad_accum_steps
-        self.seed = seed
         self.rank = rank
         self.world_size = world_size
-        self.global_rows = world_size * grad_accum_steps * micro_batch_size
-        # Epoch orders are seeded by the source's place in the prepared data, so a source's
-        # document order does not change when another source's weight goes to zero.
-        self._source_ids = [prepared.sources.index(s) for s in self.sources]
-        cdf = np.cumsum([self.weights[s] for s in self.sources])
-        cdf[-1] = 1.0
-        self._edges = np.concatenate([[0.0], cdf]) * self.global_rows
-        self._block_prefix: list[np.ndarray] = [np.zeros(len(self.sources), dtype=np.int64)]
         self._epochs: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
-        self._step_cache: tuple[int, np.ndarray, np.ndarray] | None = None
-
-    # ------------------------------------------------------------------ which source per row
-
-    def rows_per_source(self, steps: np.ndarray) -> np.ndarray:
-        """Rows of each source in each of `steps`: shape [len(steps), n_sources], rows sum to G."""
-        u = _unit_interval(self.seed, np.asarray(steps, dtype=np.int64))[:, None]
-        bounds = np.ceil(self._edges[None, :] - u).clip(0, self.global_rows).astype(np.int64)
-        return np.diff(bounds, axis=1)
-
-    def _rows_before(self, step: int) -> np.ndarray:
-        """Rows each source contributed in steps [0, step)."""
-        block = step // _BLOCK
-        while len(self._block_prefix) <= block:
-            b = len(self._block_prefix) - 1
-            counts = self.rows_per_source(np.arange(b * _BLOCK, (b + 1) * _BLOCK))
-            self._block_prefix.append(self._block_prefix[-1] + counts.sum(axis=0))
-        rest = np.arange(block * _BLOCK, step)
-        return self._block_prefix[block] + (self.rows_per_source(rest).sum(axis=0) if rest.size else 0)
-
-    def _step_plan(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """(source index, row number within that source over the whole run) per global row."""
-        if self._step_cache and self._step_cache[0] == step:
-            return self._step_cache[1], self._step_cache[2]
-        counts = self.rows_per_source(np.array([step]))[0]
-        ordered = np.repeat(np.arange(len(self.sources)), counts)
-        rng = np.random.default_rng([self.seed, step, 0x6D6978])
-        source_of_row = ordered[rng.permutation(self.global_rows)]
-        nth = np.empty(self.global_rows, dtype=np.int64)
-        before = self._rows_before(step)
-        for s in range(len(self.sources)):
-            rows = np.flatnonzero(source_of_row == s)
-            nth[rows] = before[s] + np.arange(rows.size)
-        self._step_cache = (step, source_of_row, nth)
-        return source_of_row, nth
-
-    def global_row_sources(self, step: int) -> list[str]:
-        return [self.sources[i] for i in self._step_plan(step)[0]]
-
-    def realised_mixture(self, steps: int, start: int = 0) -> dict[str, float]:
-        """Share of training rows (= tokens) per source over steps [start, start + steps)."""
-        counts = self.rows_per_source(np.arange(start, start + steps)).sum(axis=0)
-        return {s: float(c) / float(counts.sum()) for s, c in zip(self.sources, counts, strict=True)}
 
     # ------------------------------------------------------------------ row content
 

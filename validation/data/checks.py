@@ -130,9 +130,9 @@ def comparable_profiles(prepared: Any, baseline: Any) -> tuple[dict[str, tuple[d
     sample of the baseline's documents is decoded with its own tokenizer and re-encoded
     with the candidate's, and compared with the same-sized sample of the candidate, so
     that the divergence measures the data, not the tokenizer."""
-    from trainer.data.prepare import parallel_tokenizers
-    from trainer.data.prepared import sha256_file
-    from trainer.data.profile import token_profile
+    from validation.data.prepare import parallel_tokenizers
+    from validation.data.profile import token_profile
+    from validation.files import sha256_file
 
     shared = [s for s in prepared.sources if s in baseline.stats]
     if sha256_file(prepared.tokenizer_path) == sha256_file(baseline.tokenizer_path):
@@ -161,15 +161,14 @@ def comparable_profiles(prepared: Any, baseline: Any) -> tuple[dict[str, tuple[d
 def source_rows(spec: ExperimentSpec, prepared: Any, baseline: Any | None = None,
                 profiles: dict[str, tuple[dict, dict]] | None = None) -> list[dict[str, Any]]:
     """One row of numbers per source of `spec` (numpy and the prepared data only)."""
-    from trainer.data import MixtureBatcher
-    from trainer.data.profile import js_divergence, relative_shift
+    from validation.data.mixture import MixtureSchedule
+    from validation.data.profile import js_divergence, relative_shift
 
     weights = spec.data.weights()
     dp = spec.parallel_layout().dp
-    batcher = MixtureBatcher(prepared, weights, spec.data.seq_len, spec.train.micro_batch_size,
-                             spec.train.grad_accum_steps, spec.train.seed, 0, dp)
+    schedule = MixtureSchedule(prepared, weights, spec.global_batch(dp), spec.train.seed)
     steps = min(spec.total_steps(dp), MIXTURE_STEPS_CAP)
-    realised = batcher.realised_mixture(steps)
+    realised = schedule.realised_mixture(steps)
     total_weight = sum(weights.values())
     if baseline is not None and profiles is None:
         profiles, _ = comparable_profiles(prepared, baseline)
@@ -263,7 +262,7 @@ def run_data_checks(
     out_dir: Path | None = None,
     baseline_name: str | None = None,
 ) -> DataCheckResult:
-    """Validate `prepared` (a `trainer.data.PreparedData`) for `spec`; write JSON, markdown, HTML."""
+    """Validate `prepared` (a `validation.data.PreparedData`) for `spec`; write JSON, markdown, HTML."""
     notes = []
     profiles = None
     if baseline is not None:

@@ -18,7 +18,6 @@ rebuilds it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -28,17 +27,10 @@ from typing import Any
 import numpy as np
 
 from validation.errors import DataError
+from validation.files import atomic_write_json, sha256_file
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "eval")
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_manifest(root: Path, version: str) -> dict[str, Any]:
@@ -48,7 +40,7 @@ def write_manifest(root: Path, version: str) -> dict[str, Any]:
         rel = path.relative_to(root).as_posix()
         files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
     manifest = {"version": version, "files": files}
-    (root / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    atomic_write_json(root / MANIFEST, manifest, indent=1)  # the marker: whole or absent
     return manifest
 
 

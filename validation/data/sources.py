@@ -16,17 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from validation.errors import DataError
+from validation.paths import data_roots
 from validation.spec import DataSource
 
 _BINARY_SNIFF_BYTES = 8192
-
-
-def data_roots(repo_root: Path) -> list[Path]:
-    """Directories source paths may point into: `<repo>/data` plus `PIPELINE_DATA_ROOTS`."""
-    roots = [Path(repo_root).resolve() / "data"]
-    extra = os.environ.get("PIPELINE_DATA_ROOTS", "")
-    roots += [Path(p).expanduser().resolve() for p in extra.split(os.pathsep) if p.strip()]
-    return roots
 
 
 def resolve_files(source: DataSource, repo_root: Path) -> list[Path]:

@@ -34,14 +34,16 @@ from typing import Any
 
 import numpy as np
 
-from trainer.data.clean import clean_text, document_hash, is_held_out, non_ascii_count
-from trainer.data.prepared import PreparedData, sha256_file, write_manifest
-from trainer.data.profile import length_summary, token_profile
-from trainer.data.sources import data_roots, file_format, read_documents, resolve_files
+from validation.data.clean import clean_text, document_hash, is_held_out, non_ascii_count
+from validation.data.prepared import PreparedData, write_manifest
+from validation.data.profile import length_summary, token_profile
+from validation.data.sources import file_format, read_documents, resolve_files
 from validation.errors import DataError
+from validation.files import atomic_write_json, sha256_file
+from validation.paths import data_roots
 from validation.spec import DataSpec
 
-log = logging.getLogger("trainer.data")
+log = logging.getLogger("validation.data")
 
 # Bump when the on-disk layout or the cleaning changes: old caches then get new versions.
 PREP_FORMAT = 2
@@ -75,10 +77,8 @@ def _input_sha256(paths: list[Path], cache_file: Path) -> dict[Path, str]:
             known[key] = [st.st_size, st.st_mtime_ns, out[path]]
             changed = True
     if changed:
-        with contextlib.suppress(OSError):
-            tmp = cache_file.with_name(f"{cache_file.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known, sort_keys=True))
-            os.replace(tmp, cache_file)
+        with contextlib.suppress(OSError):  # a cache of hashes: losing it only costs time
+            atomic_write_json(cache_file, known, indent=None)
     return out
 
 

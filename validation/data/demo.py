@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from validation.files import atomic_write_text
+
 DEMO_SOURCES = ("code", "docs", "reference")
 DEFAULT_MAX_BYTES = {"code": 4_000_000, "docs": 1_500_000, "reference": 1_000_000}
 # Test suites, generated tables and vendored packages are not typical code or prose.
@@ -90,12 +92,11 @@ def _reference_topics() -> list[dict]:
 
 
 class _CappedJsonl:
-    """Appends records until a byte budget is spent; atomic once closed."""
+    """Collects records until a byte budget is spent; written atomically when closed."""
 
     def __init__(self, path: Path, max_bytes: int):
         self.path, self.max_bytes = path, max_bytes
-        self.tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        self.handle = self.tmp.open("w", encoding="utf-8", newline="\n")
+        self.lines: list[str] = []
         self.bytes = self.documents = 0
 
     @property
@@ -108,13 +109,12 @@ class _CappedJsonl:
         size = len(line.encode("utf-8"))
         if self.full or (self.documents and self.bytes + size > self.max_bytes):
             return
-        self.handle.write(line)
+        self.lines.append(line)
         self.bytes += size
         self.documents += 1
 
     def close(self) -> None:
-        self.handle.close()
-        os.replace(self.tmp, self.path)
+        atomic_write_text(self.path, "".join(self.lines))
 
 
 def build_demo_corpus(out_dir: Path, max_bytes: dict[str, int] | int | None = None) -> DemoCorpus:

@@ -1,4 +1,4 @@
-"""Helpers shared by the tests/test_data_*.py modules (no tests here).
+"""Helpers shared by the tests/test_data_*.py modules (import as `infra.data_helpers`).
 
 Specs are built from a fully specified dict with `ExperimentSpec.model_validate`, so
 these tests do not depend on the YAML loader; corpora are small slices of the demo
@@ -42,7 +42,7 @@ def demo_sources(weights: dict[str, float] | None = None, root: str = "data/demo
 
 
 def build_small_demo(repo: Path, max_bytes: int = SMALL_DEMO_BYTES) -> Path:
-    from trainer.data import build_demo_corpus
+    from validation.data import build_demo_corpus
 
     out = repo / "data" / "demo"
     build_demo_corpus(out, max_bytes)
