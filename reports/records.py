@@ -440,6 +440,20 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
 # --------------------------------------------------------------------------- MLflow
 
 
+def _registrations_from_tags(tags: dict[str, str], experiment: str, start_ms: int | None) -> dict[str, dict[str, Any]]:
+    """The preregistered hypothesis the orchestrator put in the run's identity (tag
+    `pipeline.hypothesis_registered`), registered when the run started."""
+    try:
+        hypothesis = json.loads(tags.get("hypothesis_registered") or "null")
+    except ValueError:
+        return {}
+    if not isinstance(hypothesis, dict):
+        return {}
+    return {str(tags.get("experiment") or experiment): {
+        "hypothesis": hypothesis, "seed_list": [], "registered_at_s": (start_ms or 0) / 1000,
+        "registered_at": "run start (MLflow tag pipeline.hypothesis_registered)", "results_existed": False}}
+
+
 def mlflow_run_url(base_url: str | None, experiment_id: str, run_id: str) -> str | None:
     """Link to a run in the MLflow UI, only when a public URL is configured."""
     if not base_url:
@@ -531,6 +545,7 @@ def records_from_mlflow(
                 mlflow_run_id=run.info.run_id,
                 mlflow_url=mlflow_run_url(public_url, experiment.experiment_id, run.info.run_id),
                 diverged_at_step=int(step) if (step := _finite(tags.get("diverged_at_step"))) is not None else None,
+                registrations=_registrations_from_tags(tags, experiment_name, run.info.start_time),
             )
         )
     return records

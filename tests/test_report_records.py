@@ -175,7 +175,10 @@ def test_records_from_a_real_mlflow_store_and_report_files_logged_back(tmp_path,
                 params=[Param("train.lr", "0.006" if name == "higher-lr" else "0.003"), Param("train.seed", str(seed))],
                 tags=[RunTag("pipeline.seed", str(seed)), RunTag("pipeline.trainer_version", "t1"),
                       RunTag("pipeline.data_version", "d1"), RunTag("env.torch", "2.13.0" if name == "base" else "2.14.0"),
-                      RunTag("env.hostname", f"host-{seed}"), RunTag("alert.loss_rise", "P1 step 12: loss rose for 50 steps")],
+                      RunTag("env.hostname", f"host-{seed}"), RunTag("alert.loss_rise", "P1 step 12: loss rose for 50 steps"),
+                      RunTag("pipeline.hypothesis_registered", json.dumps(
+                          {k: SPEC["hypothesis"].get(k, 0.05) for k in ("metric", "direction", "min_effect", "alpha",
+                                                                          "seeds", "baseline")}))],
             )
             client.set_terminated(run.info.run_id)
             runs[(name, seed)] = run.info.run_id
@@ -191,10 +194,11 @@ def test_records_from_a_real_mlflow_store_and_report_files_logged_back(tmp_path,
     assert first.mlflow_url.startswith("https://mlflow.example.internal/#/experiments/")
     assert first.env == {"torch": "2.14.0"}  # the host name does not make runs incomparable
     assert (first.alerts[0].level, first.alerts[0].kind, first.alerts[0].step) == ("P1", "loss_rise", 12)
+    assert first.registrations["higher-lr"]["hypothesis"]["direction"] == "decrease"  # preregistered at start
 
     built = build_report(cands, bases, hypothesis=SPEC["hypothesis"], out_dir=tmp_path / "report", mlflow_client=client)
     assert built.verdict.outcome == "supported", built.verdict.reason  # 2 seeds, -6.2 % each
-    assert "torch: 2.14.0 vs 2.13.0" in built.markdown
+    assert "torch: 2.14.0 vs 2.13.0" in built.markdown and not built.report.hypothesis_changes
     logged = {Path(a.path).name for a in client.list_artifacts(built.report.candidates[0].mlflow_run_id, "report")}
     assert {"report.md", "train_loss.png"} <= logged
 
