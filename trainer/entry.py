@@ -61,6 +61,15 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(spec, args.run_dir, args.data_dir, tracking_uri=uri, overfit_one_batch=overfit)
         _, code = trainer.run()
         return code
-    except PipelineError as exc:
+    except Exception as exc:  # noqa: BLE001 - a full disk anywhere (checkpoint, export) is classified
+        from trainer.diskfull import disk_full_error, is_disk_full, record_disk_full
+        from validation.errors import DiskSpaceError
+
+        if not isinstance(exc, DiskSpaceError) and is_disk_full(exc):
+            exc = disk_full_error(args.run_dir, "export" if ".model.tmp" in str(exc) else "run's files", exc)
+        if isinstance(exc, DiskSpaceError):
+            record_disk_full(args.run_dir, exc)  # result.json "failed"/"disk_full": not relaunched
+        if not isinstance(exc, PipelineError):
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

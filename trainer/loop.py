@@ -35,7 +35,14 @@ from trainer.collectives import Collectives
 from trainer.evaluation import Evaluator, update_best
 from trainer.faults import FaultPlan
 from trainer.model import build_model, flops_per_token, parameter_count, peak_flops
-from trainer.monitor import DIVERGED_KINDS, Alert, AlertLog, AnomalyDetector, StallWatchdog
+from trainer.monitor import (
+    DIVERGED_KINDS,
+    Alert,
+    AlertLog,
+    AnomalyDetector,
+    CheckpointFailures,
+    StallWatchdog,
+)
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.state import StepResult, TrainState
 from trainer.step import StepRunner, to_device
@@ -175,6 +182,7 @@ class Trainer:
                 sinks.append(MlflowSink(tracking_uri, spec.name, self.run_dir, run_name=self.identity.get("run_id")))
             self.sink = FanoutSink(*sinks)
         self.alerts = AlertLog(self.run_dir / "alerts.jsonl" if self.is_main else None, self.sink, self.rank)
+        self.ckpt_failures = CheckpointFailures(self.run_dir, self._on_event)  # disk full / repeated: stop
         self.detector = AnomalyDetector(spec.alerts, vocab_size=spec.model.vocab_size)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.ckpt = CheckpointGlue(spec, self.ckpt_root, acc, self.raw_model, self.optimizer, self.scheduler,
@@ -227,6 +235,7 @@ class Trainer:
 
     def _on_event(self, level: str, kind: str, message: str) -> None:
         self.alerts.emit(Alert(level, kind, message, self.state.step))
+        self.ckpt_failures.note(kind, message)
 
     def _tokens_per_step(self) -> int:
         return self.state.micro_batch_size * self.state.grad_accum_steps * self.world * self.seq_len
@@ -357,6 +366,7 @@ class Trainer:
                 if (s + 1) % tr.checkpoint_interval == 0 and s + 1 < self.total_steps:
                     self.save_checkpoint()
                 self.alerts.drain_to_sink()
+                self.ckpt_failures.raise_if_fatal()  # a full disk / repeated failures end the run here
                 if (s + 1) % tr.log_interval == 0:
                     self.sink.flush(wait=False)
                 self._faults_after_step()
@@ -407,6 +417,7 @@ class Trainer:
             if outcome.status == "finished":
                 self.save_checkpoint()
             self.wait_checkpoints()
+            self.ckpt_failures.raise_if_fatal()  # the final save hit a full disk: no export either
             final_metrics = self.evaluate(self.raw_model)
             self.sink.log_metrics(self.state.step, final_metrics)
             if outcome.status == "finished":
