@@ -187,6 +187,54 @@ class AnomalyDetector:
         self.throughput.append(tokens_per_s)
 
 
+class CheckpointFailures:
+    """Escalation of failed checkpoint writes (fed the trainer's events, from any thread).
+
+    A full disk stops the run at the next step with `DiskSpaceError` (not retried: it would
+    fail at the same write). Any other failure is a P1 the first times; the `limit`-th is a P0
+    and stops the run (`TrainingError`): training on while nothing can be saved only grows
+    the work a crash would lose. Either way the last valid checkpoint is left as it was.
+    """
+
+    def __init__(self, run_dir: Path, emit: Callable[[str, str, str], None], limit: int = 3):
+        self.run_dir = Path(run_dir)
+        self.emit = emit
+        self.limit = limit
+        self.count = 0
+        self.fatal: Exception | None = None
+
+    def note(self, kind: str, message: str) -> None:
+        if kind != "checkpoint_failed" or self.fatal is not None:
+            return
+        from trainer.diskfull import disk_full_error, is_disk_full
+
+        if is_disk_full(message) or _nearly_full(self.run_dir):
+            self.fatal = disk_full_error(self.run_dir, "checkpoint", message, self.run_dir / "checkpoints")
+            self.emit("P0", "disk_full", str(self.fatal))
+            return
+        self.count += 1
+        if self.count >= self.limit:
+            from validation.errors import TrainingError
+
+            self.fatal = TrainingError(f"{self.count} checkpoint writes failed (last: {message}); stopping with "
+                                       "the last valid checkpoint intact")
+            self.emit("P0", "checkpoint_failed_repeatedly", str(self.fatal))
+
+    def raise_if_fatal(self) -> None:
+        if self.fatal is not None:
+            raise self.fatal
+
+
+def _nearly_full(path: Path, floor_bytes: int = 1 << 20) -> bool:
+    """Under 1 MB free: some writers (torch.save) report a full disk without its errno."""
+    import shutil
+
+    try:
+        return shutil.disk_usage(path).free < floor_bytes
+    except OSError:
+        return False
+
+
 def track_best(best: float | None, stale_evals: int, value: float) -> tuple[float, int]:
     """(best so far, evaluations without improvement) after an eval of `value` (lower is better). Pure."""
     if best is None or value < best:
