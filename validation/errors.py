@@ -42,7 +42,8 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode(9, "permission", "a user without write access asked for something gated", retry=False),
     ExitCode(10, "promotion-refused", "a merge did not pass the promotion gates", retry=False),
     ExitCode(11, "doctor-refused", "the startup checklist refused the machine", retry=False),
-    ExitCode(12, "disk-space", "not enough free disk to start", retry=False),
+    ExitCode(12, "disk-space", "disk full: not enough free disk to start, or a checkpoint/export write ran out of space",
+             retry=False),
     ExitCode(13, "artifact", "a stage reported success but its artifact is missing or broken", retry=True),
 )
 _BY_CODE = {e.code: e for e in EXIT_CODES}
