@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from validation.flops import device_peak, flops_per_token
+from validation.flops import flops_per_token  # re-exported: one formula, in validation.flops
 
 __all__ = ["bits_per_byte", "build_model", "flops_per_token", "hf_config", "load_weights", "parameter_count"]
 
@@ -88,15 +88,6 @@ def load_weights(model: Any, directory: Path) -> None:
 
 def parameter_count(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def peak_flops(resource: Any, on_gpu: bool, threads: int, precision: str = "bf16") -> float:
-    """Compatibility adapter for the training loop until it reads the resolved peak
-    (`ResolvedExperiment.compute.peak`); the table and the rule are `validation.flops.device_peak`."""
-    del on_gpu  # the resource says whether it is a GPU
-    peak = device_peak(resource, precision)
-    assert peak is not None, "an unknown gpu_type is refused by the resolve step"
-    return peak.flops_per_second(threads)
 
 
 def bits_per_byte(loss_nats: float, bytes_per_token: float) -> float:

@@ -8,7 +8,6 @@ recorded. It is the last gate of the PR check before a maintainer says `/train`.
 
 from __future__ import annotations
 
-import logging
 import shutil
 import time
 from pathlib import Path
@@ -64,13 +63,6 @@ def resolve_smoke(resolved: ResolvedExperiment, tokenizer_vocab: int) -> Resolve
     return resolve_spec(small, resolved.repo_root, seeds=[small.train.seed])
 
 
-def _console(level: str) -> None:
-    """Set the trainer's console handler to `level` (its log files keep everything)."""
-    for handler in logging.getLogger("trainer").handlers:
-        if type(handler) is logging.StreamHandler:
-            handler.setLevel(level.upper())
-
-
 def run_smoke(resolved: ResolvedExperiment, prepared: Any, run_dir: Path, tracking_uri: str | None = None,
               console_level: str = "INFO") -> dict[str, Any]:
     """Train the shrunk model, then resume from its mid-run checkpoint; return the checks."""
@@ -79,10 +71,10 @@ def run_smoke(resolved: ResolvedExperiment, prepared: Any, run_dir: Path, tracki
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
-    small = resolve_smoke(resolved, prepared.vocab_size).spec
+    small_resolved = resolve_smoke(resolved, prepared.vocab_size)
+    small, peak = small_resolved.spec, small_resolved.compute.peak.device()
     first = Trainer(small, run_dir / "train", prepared.path, tracking_uri=tracking_uri or "none",
-                    overfit_one_batch=True, prepared=prepared)
-    _console(console_level)
+                    overfit_one_batch=True, prepared=prepared, peak=peak, console_level=console_level)
     result, code = first.run()
     losses = dict(first.step_losses)
     values = list(losses.values())
@@ -101,8 +93,8 @@ def run_smoke(resolved: ResolvedExperiment, prepared: Any, run_dir: Path, tracki
     if mid.is_dir():
         (resume_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         shutil.copytree(mid, resume_dir / "checkpoints" / mid.name)
-        second = Trainer(small, resume_dir, prepared.path, tracking_uri="none", overfit_one_batch=True, prepared=prepared)
-        _console(console_level)
+        second = Trainer(small, resume_dir, prepared.path, tracking_uri="none", overfit_one_batch=True,
+                         prepared=prepared, peak=peak, console_level=console_level)
         second.run()
         resumed_losses = dict(second.step_losses)
     expected = {k: v for k, v in losses.items() if k > SMOKE_CHECKPOINT_AT}

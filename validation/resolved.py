@@ -79,8 +79,11 @@ class Peak(_Frozen):
     per: Literal["device", "thread"]
     source: str
 
+    def device(self) -> DevicePeak:
+        return DevicePeak(self.tflops, self.per, self.source)
+
     def flops_per_second(self, threads: int = 1) -> float:
-        return DevicePeak(self.tflops, self.per, self.source).flops_per_second(threads)
+        return self.device().flops_per_second(threads)
 
 
 class Compute(_Frozen):
