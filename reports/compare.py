@@ -52,7 +52,7 @@ class HypothesisView:
         return cls(
             metric=str(get("metric")),
             direction=str(get("direction")),
-            min_effect=float(get("min_effect")),
+            min_effect=float(get("min_effect") or 0.0),
             alpha=float(get("alpha", 0.05) or 0.05),
             statement=str(get("statement", "") or ""),
             baseline=str(get("baseline", "") or ""),
@@ -143,7 +143,8 @@ def _usable(run: RunRecord) -> bool:
     return run.status == "finished"
 
 
-def pair_by_seed(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord]) -> tuple[list[SeedPair], list, list]:
+def pair_by_seed(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord]
+                 ) -> tuple[list[SeedPair], list[int | None], list[int | None]]:
     """Pairs finished runs with equal seeds (first of each seed wins); lists the leftovers."""
     base_by_seed: dict[int | None, RunRecord] = {}
     for run in baselines:
@@ -164,8 +165,8 @@ def pair_by_seed(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord]
 
 
 def compare_metric(metric: str, pairs: Sequence[SeedPair], confidence: float = CONFIDENCE) -> MetricComparison | None:
-    values = [(p.candidate.final_metrics.get(metric), p.baseline.final_metrics.get(metric)) for p in pairs]
-    values = [(c, b) for c, b in values if c is not None and b is not None]
+    values = [(p.candidate.final_metrics[metric], p.baseline.final_metrics[metric]) for p in pairs
+              if metric in p.candidate.final_metrics and metric in p.baseline.final_metrics]
     if not values:
         return None
     cand = fmean(c for c, _ in values)

@@ -69,7 +69,8 @@ def register_hypothesis(run_dir: str | Path, experiment: str, hypothesis: Any, s
 
 def registered_for(candidates: Sequence[Any], experiment: str) -> dict[str, Any] | None:
     """The earliest registration of `experiment` among the candidate runs (RunRecords)."""
-    found = [r.registrations[experiment] for r in candidates if experiment in getattr(r, "registrations", {})]
+    found: list[dict[str, Any]] = [r.registrations[experiment] for r in candidates
+                                   if experiment in getattr(r, "registrations", {})]
     if found:
         return min(found, key=lambda e: float(e.get("registered_at_s") or 0.0))
     # Runs without a registration file (trained before it existed, or by hand): the spec the

@@ -24,6 +24,7 @@ from reports.render import (
     write_step_summary,
 )
 from reports.report import Report, make_report
+from reports.verdict import Verdict
 from validation.errors import UsageError
 
 
@@ -35,7 +36,7 @@ class BuiltReport:
     files: tuple[Path, ...]
 
     @property
-    def verdict(self):
+    def verdict(self) -> Verdict:
         return self.report.verdict
 
 
@@ -89,7 +90,7 @@ def _jsonable(value: Any) -> Any:
 def report_result(report: Report, markdown: str, plots: Sequence[str]) -> dict[str, Any]:
     """The machine-readable report (what promotion gates and the comment workflow read)."""
     v = report.verdict
-    return _jsonable({
+    result: dict[str, Any] = _jsonable({
         "experiment": report.experiment,
         "baseline": report.baseline_name,
         "hypothesis": asdict(report.hypothesis),
@@ -125,6 +126,7 @@ def report_result(report: Report, markdown: str, plots: Sequence[str]) -> dict[s
         "markdown_chars": len(markdown),
         "truncated": is_truncated(markdown),
     })
+    return result
 
 
 def build_report(

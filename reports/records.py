@@ -300,7 +300,7 @@ def _data_check_of(run_dir: Path) -> tuple[bool | None, tuple[str, ...]]:
         stage = _read_json(stage_path)
         if not isinstance(stage, dict):
             continue
-        outputs = stage.get("outputs") if isinstance(stage.get("outputs"), dict) else {}
+        outputs: dict[str, Any] = stage["outputs"] if isinstance(stage.get("outputs"), dict) else {}
         passed = outputs.get("ok", stage.get("status") == "ok" if "status" in stage else None)
         failed: tuple[str, ...] = ()
         detail = Path(str(outputs.get("json", ""))) if outputs.get("json") else None
@@ -405,13 +405,13 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
     seed = identity.get("seed", params.get("train.seed"))
     from reports.prereg import read_registrations
 
-    diverged_at = result.get("diverged_at_step")
+    diverged_at: Any = result.get("diverged_at_step")
     status = str(result.get("status", "unknown"))
     if status == "finished":  # a safety net for runs the trainer did not mark (older trainers)
         raw_final = (result.get("final_metrics") or {}).get("train/loss")
-        step = divergence_step(history.get("train/loss", []), first_non_finite, raw_final, params)
-        if step is not None:
-            status, diverged_at = "diverged", step
+        at = divergence_step(history.get("train/loss", []), first_non_finite, raw_final, params)
+        if at is not None:
+            status, diverged_at = "diverged", at
     return RunRecord(
         run_id=str(identity.get("run_id") or run_dir.name),
         experiment=str(identity.get("experiment") or spec.get("name") or run_dir.parent.name),

@@ -17,11 +17,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
+from typing import TypeVar
 
 from reports.records import RunRecord
 from reports.report import ABSENT, Report
 from validation.spec import ALPHA_LIMIT  # above it, the headline shows `alpha_override`
 
+T = TypeVar("T")
 GITHUB_COMMENT_LIMIT = 65_536
 MAX_CHART_POINTS = 50
 VERDICT_BADGES = {"supported": ("✅", "Supported"), "refuted": ("❌", "Refuted"), "inconclusive": ("🟡", "Inconclusive"),
@@ -79,7 +81,7 @@ def details(summary: str, body: str, *, open_: bool = False) -> str:
     return f"<details{' open' if open_ else ''}>\n<summary>{summary}</summary>\n\n{body.strip()}\n\n</details>\n"
 
 
-def downsample(points: Sequence[tuple[int, float]], limit: int = MAX_CHART_POINTS) -> list[tuple[int, float]]:
+def downsample(points: Sequence[tuple[int, T]], limit: int = MAX_CHART_POINTS) -> list[tuple[int, T]]:
     """At most `limit` points, evenly spaced by index, first and last kept."""
     if len(points) <= limit:
         return list(points)

@@ -92,7 +92,7 @@ class Report:
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
         return float(a) == float(b)
-    return a == b
+    return bool(a == b)
 
 
 def params_diff(candidate: dict[str, Any], baseline: dict[str, Any]) -> tuple[ParamChange, ...]:
@@ -151,7 +151,7 @@ def _warnings(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord], c
         warnings.append(
             "Different environments (candidate vs baseline): " + "; ".join(differences)
             + ". Throughput and numerics may not be comparable.")
-    failed = [r for r in candidates + baselines if r.status != "finished"]
+    failed = [r for r in (*candidates, *baselines) if r.status != "finished"]
     if failed:
         warnings.append("Not finished (left out of the comparison): " + ", ".join(
             f"{r.experiment} seed {r.seed} ({r.status})" for r in failed))
@@ -190,7 +190,9 @@ def make_report(
     current = HypothesisView.of(hypothesis)
     name = experiment or candidates[0].experiment
     entry = prereg.registered_for(candidates, name)
-    view, changed, added, note = current, (), (), ""
+    view, note = current, ""
+    changed: tuple[str, ...] = ()
+    added: tuple[int | None, ...] = ()
     decided = candidates
     if entry is not None:
         view = prereg.registered_view(entry, current)
