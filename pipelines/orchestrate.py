@@ -114,11 +114,13 @@ class ExperimentFlow:
         resolved = resolve(spec_path, self.repo)
         spec = resolved.spec
         baseline: ExperimentResult | None = None
-        if resolved.baseline.file is not None and self.options.run_baseline:
+        base_resolved = None
+        if resolved.baseline.file is not None:
             # Paired comparison: the baseline runs on the candidate's seeds.
             base_resolved = resolve(Path(resolved.baseline.file), self.repo, seeds=resolved.seeds)
             if spec.sweep is None and base_resolved.spec_hash == resolved.spec_hash:
                 return self.run_identical(resolved, base_resolved), None  # A/A: nothing to train or judge
+        if base_resolved is not None and self.options.run_baseline:
             try:
                 baseline = self.run_one(base_resolved, role="baseline")
             except Detached:
