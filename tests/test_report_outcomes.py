@@ -164,6 +164,10 @@ def test_an_identical_candidate_is_not_trained_judged_tagged_or_charged(tmp_path
     assert result["experiment"] == "tiny-aa" and result["verdict"]["outcome"] == "identical"
     assert result["cost"]["candidate"]["device_hours"] == 0.0
     assert not (tmp_path / "mlflow.db").exists() or not _verdict_tags(uri)
+    # `--no-baseline` does not turn it into a comparison either
+    again, _ = ExperimentFlow(tmp_path, RunOptions(tracking_uri=uri, run_baseline=False)).run(
+        tmp_path / "experiments" / "tiny-aa.yaml")
+    assert again.verdict == "identical" and not list((tmp_path / "runs").glob("*/*/*/train"))
 
 
 def _verdict_tags(uri: str) -> list[str]:
