@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             resolved = resolve_smoke(resolved, PreparedData.open(args.data_dir, verify=False).vocab_size)
             spec = resolved.spec
             overfit = True
-        trainer = Trainer(spec, args.run_dir, args.data_dir, tracking_uri=uri, overfit_one_batch=overfit)
+        trainer = Trainer(spec, args.run_dir, args.data_dir, tracking_uri=uri, overfit_one_batch=overfit,
+                          peak=resolved.compute.peak.device())
         _, code = trainer.run()
         return code
     except Exception as exc:  # noqa: BLE001 - a full disk anywhere (checkpoint, export) is classified

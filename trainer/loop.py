@@ -34,7 +34,7 @@ from trainer.checkpointing import CheckpointGlue
 from trainer.collectives import Collectives
 from trainer.evaluation import Evaluator, update_best
 from trainer.faults import FaultPlan
-from trainer.model import build_model, flops_per_token, parameter_count, peak_flops
+from trainer.model import build_model, parameter_count
 from trainer.monitor import (
     DIVERGED_KINDS,
     Alert,
@@ -48,6 +48,7 @@ from trainer.state import StepResult, TrainState
 from trainer.step import StepRunner, to_device
 from trainer.tracking import FanoutSink, JsonlMetrics, MetricSink, MlflowSink, NullSink
 from validation.errors import TrainingError
+from validation.flops import DevicePeak, device_peak, flops_per_token
 from validation.spec import ExperimentSpec
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ EXIT_PREEMPTED = 143  # 128 + SIGTERM: orchestration resumes the run
 EXIT_FAILED = TrainingError.exit_code
 
 
-def setup_logging(run_dir: Path, rank: int) -> None:
+def setup_logging(run_dir: Path, rank: int, console_level: str = "INFO") -> None:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     root = logging.getLogger("trainer")
     root.setLevel(logging.INFO)
@@ -78,7 +79,7 @@ def setup_logging(run_dir: Path, rank: int) -> None:
         console = logging.StreamHandler()
         console.setFormatter(fmt)
         # The orchestrator runs the smoke stage in-process under its own progress display.
-        console.setLevel(os.environ.get("TRAINER_CONSOLE_LEVEL", "INFO").upper())
+        console.setLevel(console_level.upper())
         console.addFilter(lambda record: not getattr(record, "per_step", False))
         root.addHandler(console)
     root.propagate = False
@@ -112,7 +113,11 @@ class Trainer:
         tracking_uri: str | None = None,
         overfit_one_batch: bool = False,
         prepared: PreparedData | None = None,
+        peak: DevicePeak | None = None,
+        console_level: str = "INFO",
     ):
+        """`peak`: the device peak the resolve step worked out (`ResolvedExperiment.compute.peak`);
+        `console_level`: the rank-0 console's level (the log files under `RUN/logs` keep everything)."""
         import torch
         from accelerate import Accelerator
 
@@ -145,7 +150,7 @@ class Trainer:
         self.device = acc.device
         self.comm = Collectives(self.world, self.device)
         self.faults = FaultPlan.from_env(self.rank)
-        setup_logging(self.run_dir, self.rank)
+        setup_logging(self.run_dir, self.rank, console_level)
 
         # ---- data
         self.prepared = prepared if prepared is not None else PreparedData.open(Path(data_dir), verify=self.is_main)
@@ -162,7 +167,9 @@ class Trainer:
         self.raw_model: torch.nn.Module = build_model(spec.model, init_from).to(self.device)
         self.n_params = parameter_count(self.raw_model)
         self.flops_per_token = flops_per_token(spec.model, self.seq_len, self.n_params)
-        self.peak_flops = peak_flops(spec.resource, torch.cuda.is_available(), torch.get_num_threads())
+        peak = peak or device_peak(spec.resource, spec.train.precision)
+        assert peak is not None, "an unknown gpu_type is refused by the resolve step"
+        self.peak_flops = peak.flops_per_second(torch.get_num_threads())
         self.optimizer = build_optimizer(self.raw_model, tr)
         self.total_steps = spec.total_steps(self.world)
         self.scheduler = build_scheduler(self.optimizer, tr, self.total_steps)
