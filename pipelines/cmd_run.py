@@ -27,6 +27,14 @@ def _sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def _rerun_command() -> str:
+    """The command the user actually ran (the hint to rerun must name it, not another one)."""
+    import shlex
+    import sys
+
+    return "pipeline " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
 def _repo(path: Path | None = None) -> Path:
     from pipelines.orchestrate import repo_root_of
 
@@ -63,7 +71,7 @@ def run(
         raise fail(exc) from None
     except KeyboardInterrupt:
         typer.echo("interrupted: running trainings were asked to checkpoint and stop; "
-                   "`pipeline run` again resumes them", err=True)
+                   f"`{_rerun_command()}` again resumes them", err=True)
         raise typer.Exit(130) from None
     reporter.console.rule("summary")
     for line in summary_lines(candidate, baseline, flow.tracking_uri):
@@ -99,7 +107,7 @@ def train(
         raise fail(exc) from None
     except KeyboardInterrupt:
         typer.echo("interrupted: running trainings were asked to checkpoint and stop; "
-                   "`pipeline run` again resumes them", err=True)
+                   f"`{_rerun_command()}` again resumes them", err=True)
         raise typer.Exit(130) from None
     for line in summary_lines(candidate, baseline, flow.tracking_uri):
         typer.echo(line)

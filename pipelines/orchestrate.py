@@ -377,14 +377,18 @@ class ExperimentFlow:
             return seed_dir, False
         done = self.reporter.training(f"{spec.name} seed {seed}", seed_dir, total)
         stop_live = self._live_comment(spec, seed_dir, total)
+        from pipelines.launchers.logtail import story_lines
+
+        # P0/P1 alerts and relaunches reach the console as they happen (one line each).
+        story = story_lines(lambda event, line: self.reporter.stage(spec.name, "train", event, f"seed {seed}: {line}"))
         try:
             if running is not None:  # submitted earlier (--detach, or another process): follow it
-                get_launcher(running.launcher).wait(running)
+                get_launcher(running.launcher).wait(running, on_log=story)
             if not (seed_dir / "result.json").exists():
                 from pipelines.resources import ensure_disk_space
 
                 ensure_disk_space(seed_dir, need_gb=checkpoint_gb(spec), what=f"training {spec.name}")
-                outcome = run_with_retries(get_launcher(launcher), job)
+                outcome = run_with_retries(get_launcher(launcher), job, on_log=story)
             else:
                 outcome = None
         except BaseException:

@@ -270,6 +270,11 @@ class Trainer:
             self.resumed_from = found
             self.detector.on_resume(self.state.step)  # a fresh process: no throughput verdict while warming up
             log.info("resumed from %s at step %d", found, self.state.step)
+        elif ckpt.list_checkpoints(self.ckpt_root):
+            # Every kept checkpoint failed verification (each skip was a P1): say what happens now.
+            self._on_event("P1", "restart_from_scratch",
+                           f"no valid checkpoint among {len(ckpt.list_checkpoints(self.ckpt_root))} in "
+                           f"{self.ckpt_root}: restarting from step 0")
         self.comm.barrier()
 
     def rollback(self, s: int) -> bool:
