@@ -7,9 +7,14 @@ node (shared file system) and a job followed again after a detach.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 from pipelines.launchers.interface import LogSink
+
+_ALERT = re.compile(r"ALERT (P0|P1) (\S+) step=(\d+): (.*)")
+_RELAUNCH = ("restart", "giving up", "requeue", "waiting up to")
 
 
 class LogTail:
@@ -40,3 +45,18 @@ class LogTail:
                     sink(f"[{path.name}] {line}" if self._prefix else line)
                 count += 1
         return count
+
+
+def story_lines(say: Callable[[str, str], None]) -> LogSink:
+    """A log sink that keeps what a person at the console must see as it happens, one line each:
+    P0/P1 alerts of the trainer (`say("alert", ...)`) and relaunches, requeues and waits of the
+    launchers (`say("relaunch", ...)`). Everything else stays in the log files."""
+
+    def sink(line: str) -> None:
+        match = _ALERT.search(line)
+        if match:
+            say("alert", f"{match[1]} {match[2]} at step {match[3]}: {match[4]}")
+        elif line.startswith(("[launcher]", "[retry]")) and any(word in line for word in _RELAUNCH):
+            say("relaunch", line.split("] ", 1)[1])
+
+    return sink
