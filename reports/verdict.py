@@ -176,7 +176,7 @@ def _hint(sd: float | None, h: HypothesisView, n_now: int, source: str) -> tuple
     if sd <= ZERO_SPREAD:
         return None, ""
     needed = seeds_needed(sd, h.min_effect, h.alpha)
-    basis = (f"with {source} (sd {_pct_plain(sd)} of the per-seed relative difference), "
+    basis = (f"with {source} (per-seed relative differences with sd {_pct_plain(sd)}), "
              f"to call it supported with 80 % power if the true effect were {_pct_plain(planning)} "
              f"(2x min_effect)")
     if needed is None or needed > MAX_SEEDS:
