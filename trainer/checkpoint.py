@@ -17,7 +17,6 @@ everything to CPU memory first and write it from a background thread.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,6 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+# The one atomic write (fsync, rename, fsync of the directory) and file hash of the project;
+# the old names stay for the trainer's callers.
+from validation.files import atomic_write_json as write_json_atomic
+from validation.files import fsync_dir as _fsync_dir
+from validation.files import sha256_file
 
 MANIFEST = "MANIFEST.json"
 TRAIN_STATE = "train_state.json"
@@ -39,36 +44,6 @@ EventSink = Callable[[str, str, str], None]
 
 def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:06d}"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via a temporary file + rename, so readers never see half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def write_manifest(directory: Path, step: int) -> dict[str, Any]:
