@@ -2,7 +2,7 @@
 # A real single-host Slurm cluster with TWO slurmd nodes (n1, n2), for the launcher tests.
 #
 #   tests/infra/slurm.sh start    install (if missing), start munged, slurmctld, slurmd n1+n2; wait idle
-#   tests/infra/slurm.sh stop     cancel jobs, shut the daemons down, kill munged
+#   tests/infra/slurm.sh stop     cancel jobs, shut the daemons down, stop munged if this script started it
 #   tests/infra/slurm.sh status   exit 0 when both nodes answer, print sinfo
 #   tests/infra/slurm.sh env      print `export SLURM_CONF=...` for clients
 #
@@ -11,13 +11,16 @@
 # clients find the cluster through SLURM_CONF=$SLURM_TEST_STATE/slurm.conf, so nothing in /etc
 # is changed except what the Debian packages install. Needs root (apt-get, munge, slurmd).
 #
-# Both nodes live on 127.0.0.1 (NodeAddr) with their own slurmd port (17001, 17002), so
-# `srun -N2` runs one task "on" each with SLURM_NODEID 0 and 1: the real multi-node path.
+# Both nodes live on 127.0.0.1 (NodeAddr) with their own slurmd port, so `srun -N2` runs one
+# task "on" each with SLURM_NODEID 0 and 1: the real multi-node path. The controller's and the
+# two slurmd ports are free ports picked when the controller starts (SLURM_TEST_CTLD_PORT /
+# SLURM_TEST_NODE_PORTS="p1 p2" pin them), so a machine's own Slurm or another test cluster
+# does not collide. munged is shared by everything on the host: `stop` kills it only when
+# this script started it (its pid is kept in $STATE/munged.ours).
 set -euo pipefail
 
 STATE=${SLURM_TEST_STATE:-/tmp/pipeline-slurm}
 CONF=$STATE/slurm.conf
-CTLD_PORT=${SLURM_TEST_CTLD_PORT:-16817}
 export SLURM_CONF=$CONF
 
 log() { printf '[slurm.sh] %s\n' "$*" >&2; }
@@ -49,16 +52,35 @@ start_munge() {
     fi
     install -d -o munge -g munge -m 0755 /run/munge
     runuser -u munge -- /usr/sbin/munged
+    mkdir -p "$STATE"
     for _ in $(seq 50); do
-        munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && return 0
+        if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+            # Ours: remembered so that `stop` leaves a munged it did not start alone.
+            [ -s /run/munge/munged.pid ] && cp /run/munge/munged.pid "$STATE/munged.ours"
+            return 0
+        fi
         sleep 0.1
     done
     log "munged did not come up"; return 1
 }
 
+free_ports() {
+    # N distinct TCP ports free on 127.0.0.1 right now (the kernel picks them).
+    python3 - "$1" <<'PY'
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
 write_conf() {
-    local host cpus
+    local host cpus ports ctld_port p1 p2
     host=$(hostname -s)
+    ports=$(free_ports 3)
+    ctld_port=${SLURM_TEST_CTLD_PORT:-$(echo "$ports" | cut -d' ' -f1)}
+    read -r p1 p2 <<<"${SLURM_TEST_NODE_PORTS:-$(echo "$ports" | cut -d' ' -f2-)}"
     # Each node claims every core of the host: the two "nodes" oversubscribe one machine.
     cpus=$(nproc)
     mkdir -p "$STATE"/{ctld,log,spool/n1,spool/n2}
@@ -66,7 +88,7 @@ write_conf() {
 # Written by tests/infra/slurm.sh: a single-host test cluster with two slurmd nodes.
 ClusterName=pipeline-test
 SlurmctldHost=$host(127.0.0.1)
-SlurmctldPort=$CTLD_PORT
+SlurmctldPort=$ctld_port
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -91,8 +113,8 @@ ReturnToService=2
 KillWait=30
 MinJobAge=600
 SlurmdTimeout=120
-NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=17001 CPUs=$cpus RealMemory=1000 State=UNKNOWN
-NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=17002 CPUs=$cpus RealMemory=1000 State=UNKNOWN
+NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$p1 CPUs=$cpus RealMemory=1000 State=UNKNOWN
+NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$p2 CPUs=$cpus RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
 EOF
     mv "$CONF.tmp" "$CONF"
@@ -156,9 +178,15 @@ stop() {
         fi
         rm -f "$pidfile"
     done
-    if [ -s /run/munge/munged.pid ]; then
-        kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
-        rm -f /run/munge/munged.pid
+    # Only the munged this script started (same pid as when it started, still munged).
+    if [ -s "$STATE/munged.ours" ]; then
+        local mpid; mpid=$(cat "$STATE/munged.ours")
+        if [ "$(cat /run/munge/munged.pid 2>/dev/null)" = "$mpid" ] && \
+           [ "$(cat "/proc/$mpid/comm" 2>/dev/null)" = "munged" ]; then
+            kill "$mpid" 2>/dev/null || true
+            rm -f /run/munge/munged.pid
+        fi
+        rm -f "$STATE/munged.ours"
     fi
     log "stopped"
 }
