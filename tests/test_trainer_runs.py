@@ -82,9 +82,11 @@ def _spec_dict(**train: Any) -> dict[str, Any]:
 
 
 def _write_spec(run_dir: Path, ranks: int, alerts: dict[str, Any] | None, train: dict[str, Any],
-                model: dict[str, Any] | None = None) -> Path:
+                model: dict[str, Any] | None = None, parallel: dict[str, Any] | None = None) -> Path:
     spec = _spec_dict(**train)
     spec["resource"] = {"cpu_processes": ranks}
+    if parallel:
+        spec["parallel"] = parallel
     spec["model"] |= model or {}
     if alerts:
         spec["alerts"] = alerts
@@ -96,10 +98,11 @@ def _write_spec(run_dir: Path, ranks: int, alerts: dict[str, Any] | None, train:
 
 def run_trainer(tmp: Path, data_dir: Path, name: str, *, ranks: int = 1, uri: str = "none",
                 env: dict[str, str] | None = None, run_dir: Path | None = None,
-                alerts: dict[str, Any] | None = None, **train: Any) -> tuple[int, Path]:
+                alerts: dict[str, Any] | None = None, parallel: dict[str, Any] | None = None,
+                model: dict[str, Any] | None = None, **train: Any) -> tuple[int, Path]:
     """Run `python -m trainer` in a new process (under `accelerate launch` for several ranks)."""
     run_dir = run_dir or tmp / name
-    spec_path = _write_spec(run_dir, ranks, alerts, train)
+    spec_path = _write_spec(run_dir, ranks, alerts, train, model, parallel)
     args = ["--spec", str(spec_path), "--run-dir", str(run_dir), "--data-dir", str(data_dir), "--tracking-uri", uri]
     if ranks == 1:
         cmd = [sys.executable, "-m", "trainer", *args]
@@ -196,7 +199,7 @@ def test_run_writes_contract_files_and_logs_each_point_once(reference: dict[str,
                 "perf/mfu", "perf/peak_mem_gb"):
         assert key in result["final_metrics"], key
     assert result["final_metrics"]["eval/loss"] < 6.0  # ln(384) = 5.95 at random init
-    assert {"torch", "transformers", "cpu", "world_size"} <= set(result["env"])
+    assert {"torch", "transformers", "cpu_model", "gpu_model", "world_size"} <= set(result["env"])
     assert {p.name for p in (run_dir / "model").iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json"}
     # Checkpoints: last 3 kept (4, 8, 12), each verifies.
     steps = [s for s, _ in list_checkpoints(run_dir / "checkpoints")]

@@ -1,6 +1,6 @@
 """Atomic, self-verifying checkpoints: a directory without a valid MANIFEST.json does not exist.
 
-Layout of `RUN/checkpoints/step_000200/`:
+Layout of `RUN/checkpoints/step_000200/` (one process or data parallelism):
   model.safetensors   weights (tied output weight omitted)
   optimizer.pt        AdamW state
   scheduler.pt        lr scheduler (+ fp16 grad scaler) state
@@ -8,6 +8,10 @@ Layout of `RUN/checkpoints/step_000200/`:
   train_state.json    step, tokens, data position, MLflow run id, spec hash, best metric,
                       micro batch / accumulation after an OOM fallback, ...
   MANIFEST.json       sha256 + size of every file above; written LAST, after validation
+
+Sharded layouts (FSDP, TP) write torch.distributed.checkpoint files instead of the first
+two: `__<rank>_0.distcp` (every rank its own shard of model + optimizer) and `.metadata`;
+the manifest lists every shard with its sha256 (each rank hashes the files it wrote).
 
 A save goes to `.tmp_step_000200/`, is validated (weights loaded into a fresh model give
 the same forward pass as the live one), gets its manifest, then is renamed into place.
@@ -34,6 +38,7 @@ from validation.files import fsync_dir as _fsync_dir
 from validation.files import sha256_file
 
 MANIFEST = "MANIFEST.json"
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded checkpoint
 TRAIN_STATE = "train_state.json"
 PREFIX = "step_"
 TMP_PREFIX = ".tmp_"
@@ -46,12 +51,17 @@ def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:06d}"
 
 
-def write_manifest(directory: Path, step: int) -> dict[str, Any]:
-    """Hash every file in `directory` and write MANIFEST.json last (fsynced)."""
-    files = {}
-    for path in sorted(p for p in directory.iterdir() if p.is_file() and p.name != MANIFEST):
-        files[path.name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-    manifest = {"step": step, "files": files, "created_unix": time.time()}
+def file_entry(path: Path) -> dict[str, Any]:
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def write_manifest(directory: Path, step: int, files: dict[str, dict[str, Any]] | None = None,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Hash every file in `directory` (or take `files`, hashed by the ranks that wrote them)
+    and write MANIFEST.json last (fsynced)."""
+    if files is None:
+        files = {p.name: file_entry(p) for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST}
+    manifest = {"step": step, "files": dict(sorted(files.items())), "created_unix": time.time()} | (extra or {})
     write_json_atomic(directory / MANIFEST, manifest)
     _fsync_dir(directory)
     return manifest
@@ -67,8 +77,8 @@ def verify_checkpoint(directory: Path) -> str | None:
         files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"MANIFEST.json unreadable: {exc}"
-    if TRAIN_STATE not in files or "model.safetensors" not in files:
-        return "MANIFEST.json does not list model.safetensors and train_state.json"
+    if TRAIN_STATE not in files or not ({"model.safetensors", DCP_METADATA} & set(files)):
+        return "MANIFEST.json does not list the model (model.safetensors or sharded .metadata) and train_state.json"
     for name, meta in files.items():
         path = Path(directory) / name
         if not path.is_file():
@@ -228,15 +238,16 @@ def write_rank_rng(root: Path, step: int, rank: int) -> None:
     torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
 
 
-def load_checkpoint(path: Path, rank: int) -> dict[str, Any]:
-    """Read a verified checkpoint; the RNG of `rank` when it was saved by that many ranks."""
+def load_checkpoint(path: Path, rank: int, tensors: bool = True) -> dict[str, Any]:
+    """Read a verified checkpoint; the RNG of `rank` when it was saved by that many ranks.
+    `tensors=False`: everything but the model and optimizer (loaded elsewhere, e.g. sharded)."""
     import torch
     from safetensors.torch import load_file
 
     path = Path(path)
     out: dict[str, Any] = {
-        "model": load_file(str(path / "model.safetensors")),
-        "optimizer": torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False),
+        "model": load_file(str(path / "model.safetensors")) if tensors else None,
+        "optimizer": torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False) if tensors else None,
         "scheduler": torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False),
         "train_state": json.loads((path / TRAIN_STATE).read_text()),
         "rng": None,

@@ -8,6 +8,7 @@ resume or roll back to, so every rank agrees (one broadcast). The loop only deci
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -34,8 +35,9 @@ OnEvent = Callable[[str, str, str], None]
 class CheckpointGlue:
     def __init__(self, spec: ExperimentSpec, root: Path, accelerator: Accelerator, raw_model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-                 comm: Collectives, rank: int, on_event: OnEvent):
+                 comm: Collectives, rank: int, on_event: OnEvent, dp: int | None = None):
         self.spec = spec
+        self.dp = dp or comm.world  # data-parallel size: the global batch is micro x accum x dp
         self.root = root
         self.accelerator = accelerator
         self.raw_model = raw_model
@@ -139,14 +141,15 @@ class CheckpointGlue:
     def load(self, path: Path, current: TrainState) -> TrainState:
         """Restore model, optimizer, scheduler, scaler and this rank's RNG; return the saved state,
         with the per-rank micro batch rescaled when the world size changed (same global batch)."""
-        device = self.accelerator.device
-        world = self.comm.world
-        data = ckpt.load_checkpoint(path, self.rank)
-        missing, unexpected = self.raw_model.load_state_dict(
-            {k: v.to(device) for k, v in data["model"].items()}, strict=False)
-        missing = [k for k in missing if k != "lm_head.weight"]
-        assert not missing and not unexpected, (missing, unexpected)
-        self.optimizer.load_state_dict(data["optimizer"])
+        world = self.dp
+        if (Path(path) / ckpt.DCP_METADATA).is_file():  # written by a sharded layout: DCP reshards
+            from trainer import dcp
+
+            dcp.load(path, self.raw_model, self.optimizer)
+            data = ckpt.load_checkpoint(path, self.rank, tensors=False)
+        else:
+            data = ckpt.load_checkpoint(path, self.rank)
+            self._load_weights_and_optimizer(path, data)
         self.scheduler.load_state_dict(data["scheduler"]["scheduler"])
         if "scaler" in data["scheduler"] and self.accelerator.scaler is not None:
             self.accelerator.scaler.load_state_dict(data["scheduler"]["scaler"])
@@ -161,6 +164,14 @@ class CheckpointGlue:
         if data["rng"] is not None:
             ckpt.set_rng_state(data["rng"])
         return state
+
+    def _load_weights_and_optimizer(self, path: Path, data: dict[str, Any]) -> None:
+        device = self.accelerator.device
+        missing, unexpected = self.raw_model.load_state_dict(
+            {k: v.to(device) for k, v in data["model"].items()}, strict=False)
+        missing = [k for k in missing if k != "lm_head.weight"]
+        assert not missing and not unexpected, (missing, unexpected)
+        self.optimizer.load_state_dict(data["optimizer"])
 
     def find_resume(self) -> str | None:
         """The newest verified checkpoint (skipped ones raise a P1 alert naming them), same on every rank."""
@@ -196,3 +207,89 @@ class CheckpointGlue:
         note = (f"rolled back to {Path(path).name} after step {failed_step + 1}; skipping {skip} batches "
                 f"(data offset {restored.data_offset}); metrics of repeated steps are not re-logged")
         return restored, note
+
+
+class ShardedCheckpointGlue(CheckpointGlue):
+    """FSDP / TP: every rank writes its own shard with torch.distributed.checkpoint.
+
+    Same rules as the one-process format: a temporary directory, validated (each rank reads
+    its part back and compares it with its live shard: nothing is gathered), a MANIFEST.json
+    with the sha256 of every file (each rank hashes what it wrote; rank 0 writes the
+    manifest), then an atomic rename. Saves are synchronous: `async_checkpoint` applies to
+    the one-process format only (the stall is measured either way).
+    """
+
+    def probe_logits(self, model: torch.nn.Module) -> torch.Tensor:  # pragma: no cover - not used sharded
+        raise NotImplementedError("sharded checkpoints are validated by a shard round trip")
+
+    def save(self, state: TrainState) -> float:
+        import shutil
+
+        import torch
+
+        from trainer import dcp
+
+        t0 = time.perf_counter()
+        step = state.step
+        tmp = ckpt.tmp_dir_for(self.root, step)
+        if self.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.comm.barrier()
+        reason: str | None = None
+        try:
+            dcp.save(tmp, self.raw_model, self.optimizer)
+            ckpt.write_rank_rng(self.root, step, self.rank)
+            if self.is_main:
+                torch.save({"scheduler": self.scheduler.state_dict()}, tmp / "scheduler.pt")
+                (tmp / ckpt.TRAIN_STATE).write_text(json.dumps(state.to_json() | {"saved_unix": time.time()},
+                                                               indent=2, sort_keys=True))
+            reason = dcp.verify_roundtrip(tmp, self.raw_model)
+        except Exception as exc:  # noqa: BLE001 - disk full, quota: reported, previous state intact
+            reason = f"not written: {exc}"
+        self.comm.barrier()  # every rank's files are complete before anyone hashes
+        files: dict[str, dict[str, Any]] = {}
+        if reason is None:
+            for path in sorted(tmp.iterdir()):
+                mine = path.name.startswith((f"__{self.rank}_", f"rng_rank{self.rank}."))
+                rank0 = self.is_main and not path.name.startswith(("__", "rng_rank"))
+                if path.is_file() and (mine or rank0):
+                    files[path.name] = ckpt.file_entry(path)
+        reasons = self.comm.gather(reason)
+        all_files = self.comm.gather(files)
+        if self.is_main:
+            self._finalise(step, tmp, [r for r in reasons if r], all_files, time.perf_counter() - t0)
+        self.comm.barrier()
+        stall = time.perf_counter() - t0
+        self.stalls.append(stall)
+        log.info("checkpoint step %d (sharded, %d ranks): training stalled %.3fs", step, self.comm.world, stall)
+        return stall
+
+    def _finalise(self, step: int, tmp: Path, problems: list[str], all_files: list[dict[str, dict[str, Any]]],
+                  seconds: float) -> None:
+        import os
+        import shutil
+
+        final = self.root / ckpt.checkpoint_name(step)
+        if problems:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.on_event("P1", "checkpoint_invalid", f"checkpoint at step {step} failed validation: {problems[0]}")
+            self.writer.outcomes.append(ckpt.SaveOutcome(step, None, False, problems[0], seconds))
+            return
+        merged: dict[str, dict[str, Any]] = {}
+        for files in all_files:
+            merged |= files
+        ckpt.write_manifest(tmp, step, merged, {"format": "dcp", "world_size": self.comm.world})
+        if final.exists():
+            trash = self.root / f"{ckpt.TMP_PREFIX}trash_{ckpt.checkpoint_name(step)}"
+            shutil.rmtree(trash, ignore_errors=True)
+            os.rename(final, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.rename(tmp, final)
+        deleted = ckpt.apply_retention(self.root, self.spec.train.keep_last, self.writer.protect)
+        self.writer.outcomes.append(ckpt.SaveOutcome(step, final, True, "", seconds, deleted))
+
+    def _load_weights_and_optimizer(self, path: Path, data: dict[str, Any]) -> None:
+        from trainer import dcp
+
+        dcp.load_legacy(path, self.raw_model, self.optimizer)  # written by one process or DDP

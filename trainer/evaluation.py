@@ -59,13 +59,17 @@ if TYPE_CHECKING:
 
 class Evaluator:
     def __init__(self, spec: ExperimentSpec, prepared: PreparedData, comm: Collectives, rank: int,
-                 autocast: Callable[[], Any], to_device: Callable[[dict[str, Any]], dict[str, torch.Tensor]]):
+                 autocast: Callable[[], Any], to_device: Callable[[dict[str, Any]], dict[str, torch.Tensor]],
+                 split: bool = True):
         self.spec = spec
         self.prepared = prepared
         self.comm = comm
         self.rank = rank
         self.autocast = autocast
         self.to_device = to_device
+        # False for sharded models: their forward is a collective, so every rank runs every batch
+        # (the all-reduced ratio is the same; each rank's share is counted world times).
+        self.split = split
         self.token_bytes: np.ndarray | None = None
         """Bytes per token id (`token_byte_lengths`), built on the first evaluation."""
 
@@ -89,7 +93,7 @@ class Evaluator:
                 pieces = ({k: v[i:i + chunk] for k, v in batch.items()}
                           for batch in batches for i in range(0, len(batch["input_ids"]), chunk))
                 for i, piece in enumerate(pieces):
-                    if i % world != self.rank:
+                    if self.split and i % world != self.rank:
                         continue
                     targets = piece["labels"][:, 1:]
                     scored = targets != -100

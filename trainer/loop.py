@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import checkpoint as ckpt
 from trainer import record
-from trainer.checkpointing import CheckpointGlue
+from trainer.checkpointing import CheckpointGlue, ShardedCheckpointGlue
 from trainer.collectives import Collectives
 from trainer.evaluation import Evaluator, update_best
 from trainer.faults import FaultPlan
-from trainer.model import build_model, parameter_count
+from trainer.model import parameter_count
 from trainer.monitor import (
     DIVERGED_KINDS,
     Alert,
@@ -44,6 +44,7 @@ from trainer.monitor import (
     StallWatchdog,
 )
 from trainer.optim import build_optimizer, build_scheduler
+from trainer.parallel import Topology, assert_sharded, build_model, make_accelerator, make_mesh
 from trainer.state import StepResult, TrainState
 from trainer.step import StepRunner, to_device
 from trainer.tracking import FanoutSink, JsonlMetrics, MetricSink, MlflowSink, NullSink
@@ -119,7 +120,8 @@ class Trainer:
         """`peak`: the device peak the resolve step worked out (`ResolvedExperiment.compute.peak`);
         `console_level`: the rank-0 console's level (the log files under `RUN/logs` keep everything)."""
         import torch
-        from accelerate import Accelerator
+        from accelerate import PartialState
+        from accelerate.utils import parse_flag_from_env
 
         from trainer.data import PreparedData
 
@@ -136,19 +138,18 @@ class Trainer:
         precision = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[tr.precision]
         if precision == "fp16" and not torch.cuda.is_available():
             raise TrainingError("train.precision fp16 needs a GPU; use bf16 (CPUs with avx512_bf16) or fp32")
-        layout = spec.parallel_layout()
-        if layout.tp > 1 or layout.pp > 1 or layout.fsdp:
-            # The planner may choose these for large models; this execution layer implements
-            # data parallelism only, and says so before touching a device.
-            raise TrainingError(
-                f"parallel layout dp={layout.dp} tp={layout.tp} pp={layout.pp} fsdp={layout.fsdp} is not supported "
-                "by this trainer (data parallelism only); use a model that fits one device per process"
-            )
-        self.accelerator = acc = Accelerator(mixed_precision=precision)
+        # Joins the process group that `accelerate launch` set up (on CPU only when told so,
+        # as Accelerator itself decides).
+        processes = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
+        self.topo = topo = Topology.from_layout(spec.parallel_layout(), processes.num_processes,
+                                                processes.process_index)
+        self.accelerator = acc = make_accelerator(precision, topo)
         self.rank, self.world = acc.process_index, acc.num_processes
+        self.dp = topo.dp  # data-parallel replicas: ranks of one tensor-parallel group read the same rows
         self.is_main = acc.is_main_process
         self.device = acc.device
         self.comm = Collectives(self.world, self.device)
+        mesh = make_mesh(topo, self.device.type) if topo.sharded else None
         self.faults = FaultPlan.from_env(self.rank)
         setup_logging(self.run_dir, self.rank, console_level)
 
@@ -164,22 +165,24 @@ class Trainer:
         init_from = Path(spec.model.init_from) if spec.model.init_from else None
         if init_from is not None and not init_from.is_absolute():  # relative to the repository, like data paths
             init_from = Path(__file__).resolve().parent.parent / init_from
-        self.raw_model: torch.nn.Module = build_model(spec.model, init_from).to(self.device)
+        self.raw_model: torch.nn.Module = build_model(spec, topo, self.device, tr.seed, init_from, mesh)
         self.n_params = parameter_count(self.raw_model)
         self.flops_per_token = flops_per_token(spec.model, self.seq_len, self.n_params)
         peak = peak or device_peak(spec.resource, spec.train.precision)
         assert peak is not None, "an unknown gpu_type is refused by the resolve step"
         self.peak_flops = peak.flops_per_second(torch.get_num_threads())
         self.optimizer = build_optimizer(self.raw_model, tr)
-        self.total_steps = spec.total_steps(self.world)
+        self.total_steps = spec.total_steps(self.dp)
         self.scheduler = build_scheduler(self.optimizer, tr, self.total_steps)
-        model = torch.compile(self.raw_model) if tr.compile else self.raw_model
+        model = torch.compile(self.raw_model) if tr.compile and not topo.sharded else self.raw_model
         self.model, self.optimizer = acc.prepare(model, self.optimizer)
+        # The silent DDP fallback must be impossible: a sharded layout holds ~1/degree per rank.
+        self.local_params, _ = assert_sharded(self.model, topo)
         self._seed_rank()
 
         # ---- state, sinks, monitoring, the seams
         self.state = TrainState(
-            micro_batch_size=tr.micro_batch_size, grad_accum_steps=tr.grad_accum_steps, world_size=self.world,
+            micro_batch_size=tr.micro_batch_size, grad_accum_steps=tr.grad_accum_steps, world_size=self.dp,
             spec_hash=spec.spec_hash(), data_version=self.prepared.version)
         self.identity = record.read_identity(self.run_dir)
         self.sink: MetricSink = NullSink()
@@ -192,12 +195,14 @@ class Trainer:
         self.ckpt_failures = CheckpointFailures(self.run_dir, self._on_event)  # disk full / repeated: stop
         self.detector = AnomalyDetector(spec.alerts, vocab_size=spec.model.vocab_size)
         self.ckpt_root = self.run_dir / "checkpoints"
-        self.ckpt = CheckpointGlue(spec, self.ckpt_root, acc, self.raw_model, self.optimizer, self.scheduler,
-                                   self.comm, self.rank, self._on_event)
+        glue = ShardedCheckpointGlue if topo.sharded else CheckpointGlue
+        self.ckpt = glue(spec, self.ckpt_root, acc, self.raw_model, self.optimizer, self.scheduler,
+                         self.comm, self.rank, self._on_event, dp=self.dp)
         self.step_fn = StepRunner(acc, self.model, self.optimizer, self.scheduler, self.comm, self.faults,
-                                  tr.grad_clip)
+                                  tr.grad_clip, dp=self.dp)
+        # Sharded forwards are collectives: every rank evaluates every batch (same count of forwards).
         self.evaluate = Evaluator(spec, self.prepared, self.comm, self.rank, acc.autocast,
-                                  lambda batch: to_device(batch, self.device))
+                                  lambda batch: to_device(batch, self.device), split=not topo.sharded)
         self.resumed_from: str | None = None
         self.ckpt_write_s: list[float] = []
         self._sigterm = False
@@ -232,7 +237,7 @@ class Trainer:
 
         return MixtureBatcher(
             self.prepared, self.spec.data.weights(), self.seq_len, self.state.micro_batch_size,
-            self.state.grad_accum_steps, self.spec.train.seed, self.rank, self.world)
+            self.state.grad_accum_steps, self.spec.train.seed, self.topo.dp_rank, self.dp)
 
     def _adopt(self, state: TrainState) -> None:
         """Continue from a restored state (resume, rollback)."""
@@ -245,7 +250,7 @@ class Trainer:
         self.ckpt_failures.note(kind, message)
 
     def _tokens_per_step(self) -> int:
-        return self.state.micro_batch_size * self.state.grad_accum_steps * self.world * self.seq_len
+        return self.state.micro_batch_size * self.state.grad_accum_steps * self.dp * self.seq_len
 
     def _handle_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._sigterm = True
@@ -332,8 +337,9 @@ class Trainer:
             "P0", "stall", f"no step completed for {idle:.0f}s"))
         outcome = record.Outcome("finished", "max_steps")
         window, last = Window(), {}
-        log.info("training %s: %d params, %d steps, world %d, micro %d x accum %d, seq %d, precision %s",
-                 self.spec.name, self.n_params, self.total_steps, self.world, self.state.micro_batch_size,
+        log.info("training %s: %d params (%d on this rank), %d steps, world %d (dp %d x tp %d, fsdp %s), "
+                 "micro %d x accum %d, seq %d, precision %s", self.spec.name, self.n_params, self.local_params,
+                 self.total_steps, self.world, self.dp, self.topo.tp, self.topo.fsdp, self.state.micro_batch_size,
                  self.state.grad_accum_steps, self.seq_len, tr.precision)
         try:
             while self.state.step < self.total_steps:
@@ -426,7 +432,9 @@ class Trainer:
     def _finish(self, outcome: record.Outcome, last: dict[str, float]) -> tuple[dict[str, Any], int]:
         """Final checkpoint, evaluation and export (unless failed), then result.json."""
         if outcome.status != "failed":
-            if outcome.status == "finished":
+            final_saved = self.ckpt_root / ckpt.checkpoint_name(self.state.step)
+            # A sharded model is exported from its checkpoint's shards: make sure one exists.
+            if outcome.status == "finished" or (self.topo.sharded and not final_saved.is_dir()):
                 self.save_checkpoint()
             self.wait_checkpoints()
             self.ckpt_failures.raise_if_fatal()  # the final save hit a full disk: no export either
@@ -446,12 +454,14 @@ class Trainer:
             outcome.final_metrics["train/loss"] = self.step_losses[-1][1]
         checksum = self.param_checksum()
         log.info("param_checksum=%s rank=%d", checksum, self.rank)
-        outcome.param_checksums = self.comm.gather(checksum)
+        outcome.param_checksums = self.comm.gather(checksum)  # equal under DDP; per shard when sharded
         outcome.stalls, outcome.write_s, outcome.resumed_from = self.stalls, self.ckpt_write_s, self.resumed_from
         result = record.result(
             self.spec, self.state, outcome, run_dir=self.run_dir, run_id=self.sink.run_id, world=self.world,
             total_steps=self.total_steps, n_params=self.n_params, flops_per_token=self.flops_per_token,
             alerts=self.alerts.count, wall_s=time.time() - self.t_start)
+        result["layout"] = {"dp": self.dp, "tp": self.topo.tp, "fsdp": self.topo.fsdp, "sharded": self.topo.sharded,
+                            "params_on_rank0": self.local_params}
         self.alerts.drain_to_sink()
         if self.is_main:
             self.sink.close(outcome.status)
@@ -484,9 +494,12 @@ class Trainer:
         import hashlib
 
         digest = hashlib.sha256()
+        from torch.distributed.tensor import DTensor
+
         for name, param in sorted(self.raw_model.named_parameters()):
+            local = param.to_local() if isinstance(param, DTensor) else param
             digest.update(name.encode())
-            digest.update(param.detach().float().cpu().numpy().tobytes())
+            digest.update(local.detach().float().cpu().numpy().tobytes())
         return digest.hexdigest()[:16]
 
     def export(self) -> None:
@@ -497,7 +510,17 @@ class Trainer:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        self.raw_model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
+        if self.topo.sharded:
+            # Streamed from the final checkpoint's shards: no process ever holds the full model.
+            from trainer import dcp
+
+            tmp.mkdir(parents=True)
+            tied = bool(getattr(self.raw_model.config, "tie_word_embeddings", False))
+            dcp.export_safetensors(self.ckpt_root / ckpt.checkpoint_name(self.state.step), tmp / "model.safetensors",
+                                   skip={"lm_head.weight"} if tied else set())
+            self.raw_model.config.save_pretrained(tmp)  # type: ignore[operator]
+        else:
+            self.raw_model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
         shutil.copy2(self.prepared.tokenizer_path, tmp / "tokenizer.json")
         shutil.rmtree(out, ignore_errors=True)
         os.rename(tmp, out)

@@ -8,44 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from validation.environment import env_fingerprint
 from validation.spec import ExperimentSpec
-
-
-def env_fingerprint(world_size: int) -> dict[str, Any]:
-    import accelerate
-    import torch
-    import transformers
-
-    cpu = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    fp: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "accelerate": accelerate.__version__,
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "world_size": world_size,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-        "cuda": torch.version.cuda or "none",
-    }
-    with contextlib.suppress(Exception):
-        import mlflow
-
-        fp["mlflow"] = mlflow.__version__
-    return fp
 
 
 def read_identity(run_dir: Path) -> dict[str, Any]:

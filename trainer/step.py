@@ -47,7 +47,7 @@ def to_device(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, t
 class StepRunner:
     def __init__(self, accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, comm: Collectives, faults: FaultPlan,
-                 grad_clip: float | None):
+                 grad_clip: float | None, dp: int | None = None):
         self.accelerator = accelerator
         self.model = model
         self.optimizer = optimizer
@@ -55,16 +55,20 @@ class StepRunner:
         self.comm = comm
         self.faults = faults
         self.max_norm = grad_clip or float("inf")
+        # Data-parallel replicas; the ranks of a tensor-parallel group hold the same batch, so
+        # world-wide sums count each row tp times.
+        self.dp = dp or comm.world
+        self.replicas = comm.world // self.dp
 
     def __call__(self, s: int, batches: list[dict[str, Any]], sigterm: bool) -> StepResult:
         """Step `s` (0-based) over `batches` (one per micro-batch); `sigterm`: this rank saw one."""
         import torch
 
-        acc, model, world = self.accelerator, self.model, self.comm.world
+        acc, model, world = self.accelerator, self.model, self.dp
         accum = len(batches)
         counts = [int((b["labels"][:, 1:] != -100).sum()) for b in batches]
         (global_tokens,) = self.comm.all_reduce([float(sum(counts))])
-        global_tokens = max(global_tokens, 1.0)
+        global_tokens = max(global_tokens / self.replicas, 1.0)
         rows: dict[str, int] = {}
         for b in batches:
             for src in b["sources"]:
@@ -77,7 +81,7 @@ class StepRunner:
                 inputs = to_device(batch, acc.device)
                 if m == 0 and self.faults.oom_now(s + 1):
                     raise torch.OutOfMemoryError("injected out of memory (TRAINER_INJECT_OOM_AT_STEP)")
-                sync_ctx = acc.no_sync(model) if m < accum - 1 and world > 1 else contextlib.nullcontext()
+                sync_ctx = acc.no_sync(model) if m < accum - 1 and self.comm.world > 1 else contextlib.nullcontext()
                 with sync_ctx:
                     out = model(**inputs, use_cache=False)
                     loss = out.loss
@@ -102,10 +106,11 @@ class StepRunner:
                 torch.cuda.empty_cache()
         local_loss = float(torch.stack(contributions).sum()) if contributions else 0.0
         loss_value, any_oom, any_term = self.comm.all_reduce([local_loss, float(oom), float(sigterm)])
+        loss_value /= self.replicas
         if any_oom or last is None:
             self.optimizer.zero_grad(set_to_none=True)
             return StepResult(float("nan"), float("nan"), oom=True, sigterm=any_term > 0)
-        acc.backward(last * world)  # DDP averages over ranks; the world factor makes it a sum
+        acc.backward(last * world)  # DDP/FSDP average over replicas; the factor makes it a sum
         grad_norm = float(acc.clip_grad_norm_(model.parameters(), self.max_norm))
         if math.isfinite(loss_value) and math.isfinite(grad_norm):
             self.optimizer.step()

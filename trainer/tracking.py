@@ -33,7 +33,12 @@ OFFLINE_RETRY_S = 60.0  # while unreachable, one connection attempt per minute (
 
 
 class MetricSink(Protocol):
-    """Where metrics go. Five methods; a disabled destination is `NullSink`."""
+    """Where metrics go. Five methods and the run id; a disabled destination is `NullSink`."""
+
+    @property
+    def run_id(self) -> str | None:
+        """The tracking server's run id (None while offline or disabled); checkpoints carry it."""
+        ...
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
 
@@ -260,7 +265,9 @@ def spool_notice(run_dirs: list[Path]) -> str:
 def _quiet_http() -> None:
     # A dead server must cost seconds per flush, not MLflow's default minutes of retries.
     bound_mlflow_http()
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from validation.environment import apply_offline_env
+
+    apply_offline_env()
 
 
 class MlflowSink:

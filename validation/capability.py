@@ -4,9 +4,11 @@ A layout the trainer cannot run must be refused by `pipeline validate` on the pu
 with the line of `parallel` and what to change, never on the GPU runner after `/train`.
 `parallel: auto` plans only among layouts the capability covers.
 
-Today the trainer runs plain data parallelism (DDP through accelerate) on GPUs and on CPU
-processes (gloo). When FSDP, tensor or pipeline parallelism really run, the trainer's
-owner adds the axis to `TRAINER` below; every check follows from that one line.
+Today the trainer runs data parallelism (DDP through accelerate), FSDP2 and tensor
+parallelism (DTensor, on a 2-D mesh with FSDP), on GPUs and on CPU processes (gloo):
+tests/test_trainer_parallel.py runs each on two CPU ranks. Pipeline parallelism is not
+executable (no exact, tested implementation yet); when it is, its owner adds "pp" to
+`TRAINER` below and every check follows from that one line.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class ExecutionCapability:
         return out
 
 
-TRAINER = ExecutionCapability(gpu=frozenset({"dp"}), cpu=frozenset({"dp"}))
+TRAINER = ExecutionCapability(gpu=frozenset({"dp", "fsdp", "tp"}), cpu=frozenset({"dp", "fsdp", "tp"}))
 """What `python -m trainer` executes today."""
 
 EVERY_LAYOUT = ExecutionCapability(gpu=frozenset(AXES), cpu=frozenset({"dp"}))

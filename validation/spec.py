@@ -26,10 +26,10 @@ METRIC_PATTERN = (
     r"^(eval/(loss|bpb)|eval/[a-z0-9][a-z0-9_-]{0,31}/(loss|bpb)|train/loss|"
     r"perf/tokens_per_s|perf/mfu|perf/peak_mem_gb)$"
 )
-ALPHA_LIMIT = 0.1
-"""Largest `hypothesis.alpha` without an `alpha_override` (reports.render shows both)."""
 CHAMPION = "champion"
 """The model registry alias of the promoted model; also the `hypothesis.baseline` that compares against it."""
+ALPHA_LIMIT = 0.1
+"""Largest `hypothesis.alpha` without an `alpha_override` (reports.render shows both)."""
 PLACEHOLDER_WORDS = {"todo", "tbd", "fixme", "xxx", "placeholder", "hypothesis", "lorem", "ipsum", "n/a", "test"}
 
 
@@ -277,6 +277,8 @@ class TrainSpec(Section):
     """Deterministic algorithms and seeded RNGs on every rank (bitwise-exact resume on CPU)."""
     compile: bool = False
     """Wrap the model in `torch.compile`."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass: less activation memory for one more forward per layer."""
     log_interval: Annotated[int, Field(ge=1, le=10**6)] = 10
     """Steps between metric logs."""
     eval_interval: Annotated[int, Field(ge=1, le=10**7)] = 100
@@ -319,6 +321,8 @@ class ParallelLayout(Section):
     """Pipeline-parallel stages; must divide the layers."""
     fsdp: bool = False
     """Shard parameters, gradients and optimizer states across the data-parallel group (ZeRO-3)."""
+    reduce_dtype: Literal["fp32", "compute"] = "fp32"
+    """Sharded layouts with bf16/fp16 `train.precision`: reduce gradients in fp32, or in the compute dtype."""
 
 
 # --------------------------------------------------------------------------- resources

@@ -1,0 +1,157 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP): save, load (resharding),
+round-trip validation without gathering, and a streamed safetensors export.
+
+DCP files hold the model and optimizer under the keys `model` and `optim` (flattened to
+`model.<fqn>` / `optim.state.<fqn>.<name>` in `.metadata`). Loading goes through
+`get_state_dict`/`set_state_dict`, so the same files load into a plain model (one process,
+no process group), DDP replicas, or another FSDP/TP layout: DCP reads each rank's part of
+each tensor from whichever shards hold it.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _optimizer(opt: Any) -> torch.optim.Optimizer:
+    return getattr(opt, "optimizer", opt)  # accelerate's AcceleratedOptimizer wraps the torch one
+
+
+def state_dicts(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    return get_state_dict(model, _optimizer(optimizer))  # type: ignore[no-any-return]
+
+
+def save(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
+    """Collective: every rank writes `__<rank>_0.distcp`; rank 0 also `.metadata`."""
+    import torch.distributed.checkpoint as dcp
+
+    model_sd, optim_sd = state_dicts(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
+
+
+def load(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
+    """Load model and optimizer from a DCP checkpoint written by any layout (reshards)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    model_sd, optim_sd = state_dicts(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(directory), no_dist=not (dist.is_available() and dist.is_initialized()))
+    set_state_dict(model, _optimizer(optimizer), model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def verify_roundtrip(directory: Path, model: torch.nn.Module) -> str | None:
+    """Collective: read this rank's part of the weights back and compare bitwise with the live
+    shards. No rank ever holds more than its own shard twice."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.tensor import DTensor
+
+    live = get_model_state_dict(model)
+    fresh = {k: torch.empty_like(v) for k, v in live.items()}
+    try:
+        dcp.load({"model": fresh}, checkpoint_id=str(directory))
+    except Exception as exc:  # noqa: BLE001 - any read failure makes the checkpoint invalid
+        return f"shards do not load: {str(exc).splitlines()[0][:300]}"
+    for key, value in live.items():
+        a = value.to_local() if isinstance(value, DTensor) else value
+        b = fresh[key].to_local() if isinstance(fresh[key], DTensor) else fresh[key]
+        if not torch.equal(a, b):
+            return f"{key} differs after reload"
+    return None
+
+
+_SAFETENSORS_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64"}
+
+
+def model_tensors(directory: Path) -> dict[str, tuple[list[int], Any]]:
+    """name -> (shape, torch dtype) of every model tensor in a DCP checkpoint (from `.metadata`)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = FileSystemReader(str(directory)).read_metadata()
+    out = {}
+    for key, item in meta.state_dict_metadata.items():
+        if key.startswith("model.") and isinstance(item, TensorStorageMetadata):
+            out[key[len("model."):]] = (list(item.size), item.properties.dtype)
+    return out
+
+
+def read_tensor(directory: Path, name: str, shape: list[int], dtype: Any) -> torch.Tensor:
+    """One full model tensor from the shards (no process group needed)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    tensor = torch.empty(shape, dtype=dtype)
+    dcp.load({"model": {name: tensor}}, checkpoint_id=str(directory), no_dist=True)
+    return tensor
+
+
+def export_safetensors(directory: Path, out_file: Path, skip: set[str] | None = None) -> int:
+    """Write one `model.safetensors` from a DCP checkpoint, streamed: the header is computed
+    from `.metadata`, then each tensor is read from the shards and appended, so at most one
+    full tensor is in memory (the safetensors library only writes whole dicts). Returns bytes."""
+    tensors = {k: v for k, v in sorted(model_tensors(directory).items()) if k not in (skip or set())}
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, (shape, dtype) in tensors.items():
+        nbytes = _numel(shape) * dtype.itemsize
+        header[name] = {"dtype": _SAFETENSORS_DTYPE[str(dtype).removeprefix("torch.")], "shape": shape,
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
+    with open(out_file, "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)))
+        fh.write(raw)
+        for name, (shape, dtype) in tensors.items():
+            tensor = read_tensor(directory, name, shape, dtype)
+            fh.write(tensor.contiguous().view(-1).view(_byte_dtype()).numpy().tobytes())
+            del tensor
+    return 8 + len(raw) + offset
+
+
+def _byte_dtype() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def load_legacy(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
+    """A one-process / DDP checkpoint (model.safetensors + optimizer.pt) into a sharded model:
+    weights streamed tensor by tensor; the optimizer state (indexed by parameter position, in
+    the order `build_optimizer` lists them) re-keyed by name and distributed."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    from trainer.parallel import load_full_weights
+
+    load_full_weights(model, directory)
+    saved = torch.load(Path(directory) / "optimizer.pt", map_location="cpu", weights_only=False)
+    opt = _optimizer(optimizer)
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
+    state = {order[int(i)]: v for i, v in saved["state"].items()}
+    groups = []
+    for group, saved_group in zip(opt.param_groups, saved["param_groups"], strict=True):
+        groups.append({k: v for k, v in saved_group.items() if k != "params"}
+                      | {"params": [names[id(p)] for p in group["params"]]})
+    set_optimizer_state_dict(model, opt, {"state": state, "param_groups": groups},
+                             options=StateDictOptions(full_state_dict=True))

@@ -1,0 +1,279 @@
+"""Sharded layouts: FSDP2 (`fully_shard`) and tensor parallelism (DTensor) through accelerate.
+
+`Topology` says how the processes are arranged (data-parallel x tensor-parallel), which
+data each rank reads and how batch sums are de-duplicated. `make_accelerator` builds the
+Accelerator; for FSDP it applies the CPU patch (accelerate 1.15 silently runs plain DDP
+when asked for FSDP on CPU: its state only switches FSDP on for GPU-like devices, so
+`distributed_type` is set on both `PartialState()` and `acc.state` and the plugin attached;
+see ../shared/STACK-NOTES.md). `build_model` creates the network on the meta device and
+materialises only this rank's shards, so no rank ever holds the full model:
+
+  - each decoder layer its own FSDP group, the input embeddings their own, the final norm +
+    LM head one more (a tied embedding / LM head stays in the root group), then the root;
+  - TP (q/k/v/gate/up column-wise, o/down row-wise) on the `tp` axis of a 2-D mesh, FSDP on `dp`;
+  - parameters initialised one at a time from a seeded generator (HF's rules: normal(0,
+    initializer_range) for matrices, ones for norms, zeros for biases) and sliced to the
+    local shard, so every layout (plain, DDP, FSDP, TP) starts from identical weights.
+
+The trainer checks after `prepare` that the model really is sharded (`assert_sharded`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from validation.errors import TrainingError
+
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from validation.spec import ExperimentSpec, ParallelLayout
+
+# Module attribute names of the tensor-parallel plan (HF llama / qwen2 / mistral layers).
+TP_COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+TP_ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
+TP_MODEL_TYPES = ("llama", "qwen2", "mistral")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """World = dp x tp. Ranks of one TP group read the same data; FSDP shards over dp."""
+
+    world: int
+    rank: int
+    dp: int
+    tp: int
+    fsdp: bool
+
+    @property
+    def sharded(self) -> bool:
+        return self.world > 1 and (self.fsdp or self.tp > 1)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @staticmethod
+    def from_layout(layout: ParallelLayout, world: int, rank: int) -> Topology:
+        if layout.pp > 1:
+            raise TrainingError(f"parallel.pp={layout.pp}: pipeline parallelism is not executable by this "
+                                "trainer (validation/capability.py); set pp: 1")
+        tp = layout.tp
+        if world % tp:
+            raise TrainingError(f"parallel.tp={tp} does not divide the {world} processes")
+        # TP with several data-parallel replicas shards them with FSDP too (2-D mesh): same
+        # numerics as replication, less memory, one code path.
+        return Topology(world=world, rank=rank, dp=world // tp, tp=tp, fsdp=layout.fsdp or tp > 1)
+
+
+def make_accelerator(precision: str, topo: Topology) -> Accelerator:
+    from accelerate import Accelerator
+
+    if not topo.sharded:
+        return Accelerator(mixed_precision=precision)
+    from accelerate import FullyShardedDataParallelPlugin
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    # Sharding is applied by `build_model` (meta init, our groups, TP first); accelerate's own
+    # wrapping sees an FSDPModule and leaves it alone. Its plugin still drives backward,
+    # clipping (DTensor-aware across meshes), no_sync and state-dict types.
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True,
+                                            state_dict_type="SHARDED_STATE_DICT")
+    acc = Accelerator(mixed_precision=precision, fsdp_plugin=plugin)
+    for state in (PartialState(), acc.state):
+        state.distributed_type = DistributedType.FSDP
+    acc.state.fsdp_plugin = plugin
+    return acc
+
+
+def make_mesh(topo: Topology, device_type: str) -> DeviceMesh:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (topo.dp, topo.tp), mesh_dim_names=("dp", "tp"))
+
+
+def _tp_plan(model: torch.nn.Module, mesh: DeviceMesh) -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan: dict[str, Any] = {name: ColwiseParallel() for name in TP_COLWISE}
+    plan |= {name: RowwiseParallel() for name in TP_ROWWISE}
+    for layer in _decoder_layers(model):
+        parallelize_module(layer, mesh, plan)
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    base = getattr(model, "model", None) or getattr(model, "transformer", None)
+    layers = getattr(base, "layers", None) or getattr(base, "h", None)
+    if layers is None:
+        raise TrainingError(f"cannot find the decoder layers of {type(model).__name__} to shard")
+    return list(layers)
+
+
+def mixed_precision_policy(precision: str, reduce_dtype: str) -> Any:
+    """bf16/fp16: parameters cast for compute; gradients reduced in fp32 unless the spec says otherwise."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision == "fp32":
+        return MixedPrecisionPolicy()
+    param = torch.bfloat16 if precision == "bf16" else torch.float16
+    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=torch.float32 if reduce_dtype == "fp32" else param)
+
+
+def build_model(spec: ExperimentSpec, topo: Topology, device: torch.device, seed: int,
+                init_from: Path | None = None, mesh: DeviceMesh | None = None) -> torch.nn.Module:
+    """The causal LM for this rank: plain on one device, or FSDP/TP-sharded on `mesh`."""
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    from trainer.model import hf_config
+
+    m = spec.model
+    with init_empty_weights(include_buffers=False):  # parameters on meta, buffers (rotary) real
+        model = AutoModelForCausalLM.from_config(hf_config(m), attn_implementation=m.attn_implementation)
+    model.config.use_cache = False
+    if spec.train.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    buffers = {name: buf.clone() for name, buf in model.named_buffers()}
+    if topo.sharded:
+        assert mesh is not None
+        from torch.distributed.fsdp import fully_shard
+
+        if topo.tp > 1:
+            if m.model_type not in TP_MODEL_TYPES:
+                raise TrainingError(f"tensor parallelism supports model_type {', '.join(TP_MODEL_TYPES)}, "
+                                    f"not {m.model_type}; set parallel.tp: 1")
+            _tp_plan(model, mesh["tp"])
+        policy = mixed_precision_policy(spec.train.precision, spec.parallel_layout().reduce_dtype)
+        kw: dict[str, Any] = {"mesh": mesh["dp"], "mp_policy": policy}
+        for layer in _decoder_layers(model):
+            fully_shard(layer, **kw)
+        embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+        tied = head is not None and head.weight is embed.weight
+        norm = getattr(getattr(model, "model", None), "norm", None) or getattr(
+            getattr(model, "transformer", None), "ln_f", None)
+        if not tied:
+            fully_shard(embed, **kw)
+            tail = [x for x in (head, norm) if x is not None]
+            fully_shard(tail, **kw, reshard_after_forward=False)  # used at the end of forward, start of backward
+        # A tied embedding / LM head (one tensor used first and last) stays in the root group: a
+        # group of its own would reduce the head's gradient before the embedding's part arrives
+        # (two reductions instead of one: the same sum, another rounding, no longer DDP-exact).
+        fully_shard(model, **kw)
+    model.to_empty(device=device)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()  # `to_empty` swaps each tensor, which unties a shared output weight
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name in buffers:
+                buf.copy_(buffers[name])
+    if init_from is not None:
+        load_full_weights(model, init_from)
+    else:
+        init_parameters(model, seed)
+    return model
+
+
+def _init_full(model: torch.nn.Module, name: str, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
+    """The full initial value of parameter `name` (HF's `_init_weights` rules, one tensor)."""
+    import torch
+
+    module = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+    leaf = name.rsplit(".", 1)[-1]
+    kind = type(module).__name__
+    std = float(getattr(model.config, "initializer_range", 0.02) or 0.02)
+    if "Norm" in kind or kind.startswith("LayerNorm"):
+        return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
+    if leaf == "bias":
+        return torch.zeros(shape)
+    if model.config.model_type == "gpt2" and name.endswith("c_proj.weight"):
+        std /= math.sqrt(2 * model.config.n_layer)  # GPT-2's scaled residual projections
+    out = torch.empty(shape).normal_(0.0, std, generator=gen)
+    pad = getattr(module, "padding_idx", None)
+    if kind == "Embedding" and pad is not None:
+        out[pad] = 0.0
+    return out
+
+
+def _copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Write this rank's part of `full` into `param` (plain, or a DTensor shard: slicing only)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor):
+        local = distribute_tensor(full.to(param.device), param.device_mesh, param.placements,
+                                  src_data_rank=None).to_local()
+        param.to_local().copy_(local)
+    else:
+        param.copy_(full.to(param.device))
+
+
+def init_parameters(model: torch.nn.Module, seed: int) -> None:
+    """Seeded init, parameter by parameter in name order (the same draws in every layout)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    seen: set[int] = set()
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # a tied weight is listed once
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            _copy_full_into(param, _init_full(model, name, param.shape, gen))
+
+
+def load_full_weights(model: torch.nn.Module, directory: Path) -> None:
+    """`init_from` for any layout: each tensor read on its own from model.safetensors (streamed)."""
+    import torch
+    from safetensors import safe_open
+
+    path = Path(directory) / "model.safetensors"
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    with safe_open(str(path), framework="pt") as fh, torch.no_grad():
+        keys = set(fh.keys())
+        for name, param in model.named_parameters():
+            if name not in keys:
+                if tied and name.endswith("lm_head.weight"):
+                    continue
+                raise ValueError(f"{path}: missing {name}")
+            _copy_full_into(param, fh.get_tensor(name))
+
+
+def local_and_total_params(model: torch.nn.Module) -> tuple[int, int]:
+    from torch.distributed.tensor import DTensor
+
+    local = total = 0
+    for p in model.parameters():
+        total += p.numel()
+        local += p.to_local().numel() if isinstance(p, DTensor) else p.numel()
+    return local, total
+
+
+def assert_sharded(model: torch.nn.Module, topo: Topology) -> tuple[int, int]:
+    """Fail loudly unless this rank holds about total / shard degree of the parameters."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not topo.sharded:
+        return local_and_total_params(model)
+    if isinstance(model, DistributedDataParallel):
+        raise TrainingError("parallel layout asks for FSDP/TP but the model was wrapped in DDP (accelerate fell "
+                            "back to data parallelism); refusing to train an unsharded model")
+    local, total = local_and_total_params(model)
+    degree = (topo.dp if topo.fsdp else 1) * topo.tp
+    # Small tensors (norms, biases) are chunked with padding and, under TP without FSDP,
+    # embeddings stay replicated: allow that, but never a full copy.
+    upper = total / (topo.dp if topo.fsdp else 1) * 1.02 + 64 * topo.world
+    if local > upper or (degree > 1 and local >= total):
+        raise TrainingError(f"model is not sharded: this rank holds {local} of {total} parameters, expected about "
+                            f"{total // degree} (dp={topo.dp} fsdp={topo.fsdp} tp={topo.tp}); refusing to train")
+    return local, total
