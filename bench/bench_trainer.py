@@ -152,13 +152,17 @@ class TimedSink:
         return timed
 
 
-def run_trainer(prepared: Any, precision: str, steps: int, work: Path, async_ckpt: bool = False) -> dict[str, float]:
+def run_trainer(prepared: Any, precision: str, steps: int, work: Path, async_ckpt: bool = False,
+                compile_model: bool = False) -> dict[str, float]:
     from trainer.loop import Trainer
 
     reset_accelerate()
     run_dir = work / f"trainer-{precision}-{time.monotonic_ns()}"
     uri = f"sqlite:///{work / 'mlflow.db'}"
-    trainer = Trainer(bench_spec(precision, steps, async_ckpt), run_dir, prepared.path, tracking_uri=uri, prepared=prepared)
+    spec = bench_spec(precision, steps, async_ckpt)
+    if compile_model:
+        spec = spec.model_copy(update={"train": spec.train.model_copy(update={"compile": True})})
+    trainer = Trainer(spec, run_dir, prepared.path, tracking_uri=uri, prepared=prepared)
     sink = TimedSink(trainer.sink)
     trainer.sink = sink
     trainer.alerts.sink = sink
@@ -330,11 +334,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="torch threads for every system (1 is the least disturbed on a shared machine)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also run the trainer with train.compile (once per precision, after the repeats)")
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args(argv)
     import torch
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(args.threads)
     prepared = prepared_data()
     work = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
     raw: dict[str, list[dict[str, float]]] = {}
@@ -342,6 +350,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for rep in range(args.repeats):
             for precision in args.precisions.split(","):
                 for system in ("bare", "trainer", "hf", "hf-pad"):
+                    # The trainer switches deterministic algorithms on process-wide (its default,
+                    # train.deterministic); the baselines run with torch's default whatever ran before.
+                    torch.use_deterministic_algorithms(False)
                     if system == "bare":
                         out = run_bare(prepared, precision, args.steps)
                     elif system == "trainer":
@@ -355,6 +366,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             async_out = run_trainer(prepared, "fp32", args.steps, work, async_ckpt=True)
             raw.setdefault("trainer-async/fp32", []).append(async_out)
             print(f"[{rep + 1}/{args.repeats}] trainer-async fp32: {json.dumps(async_out)}", flush=True)
+        if args.compile:
+            for precision in args.precisions.split(","):
+                out = run_trainer(prepared, precision, args.steps, work, compile_model=True)
+                raw.setdefault(f"trainer-compile/{precision}", []).append(out)
+                print(f"trainer-compile {precision}: {json.dumps(out)}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -363,7 +379,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return statistics.median(values) if values else float("nan")
 
     packed_useful = useful_fraction_packed(prepared, args.steps)
-    figures: dict[str, Any] = {"machine": machine(), "steps": args.steps, "repeats": args.repeats}
+    figures: dict[str, Any] = {"machine": machine(), "steps": args.steps, "repeats": args.repeats,
+                               "threads": args.threads}
     for precision in args.precisions.split(","):
         p: dict[str, float] = {}
         for unit, field, pad_field in (("wall", "tokens_per_s", "useful_tokens_per_s"),
@@ -376,6 +393,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"trainer_useful_{unit}": ours * packed_useful, f"hf_padded_useful_{unit}": hf_pad,
                 f"packing_vs_hf_padding_useful_{unit}": ours * packed_useful / hf_pad,
             }
+        for unit, field in (("wall", "tokens_per_s"), ("cpu", "tokens_per_cpu_s")):
+            # Noise: the same ratio within each repeat (systems run back to back), its spread over repeats.
+            per_rep = [t[field] / b[field] for t, b in zip(raw.get(f"trainer/{precision}", []),
+                                                         raw.get(f"bare/{precision}", []), strict=False)]
+            per_hf = [t[field] / h[field] for t, h in zip(raw.get(f"trainer/{precision}", []),
+                                                        raw.get(f"hf/{precision}", []), strict=False)]
+            p[f"trainer_vs_bare_{unit}_repeats"] = [round(x, 3) for x in per_rep]
+            p[f"trainer_vs_hf_{unit}_repeats"] = [round(x, 3) for x in per_hf]
+        compiled = med(f"trainer-compile/{precision}", "tokens_per_s")
+        if compiled == compiled:
+            p["trainer_compile_wall"] = compiled
+            p["trainer_compile_cpu"] = med(f"trainer-compile/{precision}", "tokens_per_cpu_s")
         p["hf_padding_efficiency"] = med(f"hf-pad/{precision}", "padding_efficiency")
         p["mlflow_share_of_loop"] = med(f"trainer/{precision}", "mlflow_share")
         figures[precision] = p
@@ -399,8 +428,9 @@ def append_results(f: dict[str, Any]) -> None:
         f"(load average {os.getloadavg()[0]:.1f} at the end). Python {m['python']}, torch {m['torch']}, "
         f"transformers {m['transformers']}, accelerate {m['accelerate']}.",
         f"Llama 4 layers x 256 wide, vocab 2048, seq {SEQ}, micro batch {MICRO}, same packed rows for every system; "
-        f"{f['steps']} steps per run (first {WARMUP} not timed), {f['repeats']} interleaved repeats, medians. "
-        "`python bench/bench_trainer.py`.",
+        f"{f['steps']} steps per run (first {WARMUP} not timed), {f['repeats']} interleaved repeats, medians, "
+        f"{f.get('threads', '?')} torch thread(s) per process. `python bench/bench_trainer.py --threads "
+        f"{f.get('threads', '?')}`.",
         "Two clocks: *wall* tokens/s and tokens per *CPU-second* of the process (all threads), as a cross-check: "
         "when neighbours load the machine both drop, so read the medians of the interleaved repeats.",
         "",
@@ -417,6 +447,21 @@ def append_results(f: dict[str, Any]) -> None:
                 f"| {precision} | {unit} | {p[f'bare_{unit}']:.0f} | {p[f'trainer_{unit}']:.0f} | {p[f'hf_{unit}']:.0f} | "
                 f"{p[f'trainer_vs_bare_{unit}']:.3f} | {p[f'trainer_vs_hf_{unit}']:.3f} | {p[f'trainer_useful_{unit}']:.0f} | "
                 f"{p[f'hf_padded_useful_{unit}']:.0f} | {p[f'packing_vs_hf_padding_useful_{unit}']:.2f}x |")
+    lines.append("")
+    for precision in ("fp32", "bf16"):
+        if precision not in f:
+            continue
+        p = f[precision]
+        lines.append(
+            f"- {precision} noise: trainer/bare per repeat (wall) {p['trainer_vs_bare_wall_repeats']}, (cpu) "
+            f"{p['trainer_vs_bare_cpu_repeats']}; trainer/HF per repeat (wall) {p['trainer_vs_hf_wall_repeats']}, "
+            f"(cpu) {p['trainer_vs_hf_cpu_repeats']}.")
+        if "trainer_compile_wall" in p:
+            lines.append(
+                f"- {precision} `train.compile: true` (one run, compile time excluded by the warm-up window): "
+                f"{p['trainer_compile_wall']:.0f} tokens/s wall ({p['trainer_compile_wall'] / p['trainer_wall']:.2f}x "
+                f"the trainer's median), {p['trainer_compile_cpu']:.0f} per CPU-second "
+                f"({p['trainer_compile_cpu'] / p['trainer_cpu']:.2f}x).")
     first = f.get("fp32", f.get("bf16", {}))
     stall = f["checkpoint_stall_s"]
     lines += [

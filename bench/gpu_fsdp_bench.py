@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import socket
 import statistics
@@ -37,13 +36,22 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-for _k, _v in {"MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false"}.items():
-    os.environ.setdefault(_k, _v)
+
+from validation.environment import apply_offline_env  # noqa: E402
+from validation.flops import CPU_PEAK_TFLOPS_PER_THREAD, PEAK_TFLOPS_BF16, flops_per_token  # noqa: E402
+
+apply_offline_env()
 
 WARMUP = 3
 SIZES = {"tiny": (64, 2, 4, 128, 512), "125m": (768, 12, 12, 2048, 32000), "350m": (1024, 24, 16, 2816, 32000)}
-PEAK_BY_NAME = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0, "4090": 165.0}
+
+
+def peak_for(device_name: str) -> float | None:
+    """Dense bf16 TFLOPS of a device from the one table (validation.flops), by its name."""
+    name = device_name.lower().replace(" ", "")
+    # Longest key first: "l40s" before "l4".
+    return next((PEAK_TFLOPS_BF16[k] for k in sorted(PEAK_TFLOPS_BF16, key=len, reverse=True)
+                 if k != "cpu" and k in name), None)
 
 
 def spec_for(size: str, seq: int, micro: int, steps: int, on_gpu: bool) -> Any:
@@ -245,7 +253,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
     from bench_trainer import machine
 
-    from trainer.model import flops_per_token
 
     on_gpu = torch.cuda.is_available() and not args.dry_run
     if args.dry_run:
@@ -256,7 +263,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     spec = spec_for(args.size, args.seq, args.micro, args.steps, on_gpu)
     batches, prepared = packed_rows(spec, args.dry_run)
     name = torch.cuda.get_device_name(0) if on_gpu else "cpu (dry run)"
-    peak = args.peak_tflops or next((v for k, v in PEAK_BY_NAME.items() if k in name), 312.0 if on_gpu else 0.16)
+    peak = args.peak_tflops or (peak_for(name) if on_gpu else CPU_PEAK_TFLOPS_PER_THREAD * torch.get_num_threads())
+    if peak is None:
+        print(f"gpu_fsdp_bench: no peak FLOPS known for {name}; pass --peak-tflops", file=sys.stderr)
+        return {}
     n_params = spec.model.parameter_count()
     fpt = flops_per_token(spec.model, args.seq, n_params)
     work = Path(tempfile.mkdtemp(prefix="gpu-fsdp-bench-"))
