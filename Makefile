@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup setup-github demo test test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,17 @@ $(STAMP): pyproject.toml constraints/constraints.txt
 	$(BIN)/python -m pip install -q -c constraints/constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
+# The privileged GitHub jobs (comment, authorize, capacity, report, promote): only what
+# `pipeline comment|chatops|promote|runners|validate` needs, every package pinned with its
+# hashes (constraints/github-jobs.lock, made by constraints/lock.sh), no torch. Where the
+# full development install already exists (a developer machine, the act tests' linked
+# venv) it is a superset, and nothing is installed.
+setup-github:
+	@if [ -f $(STAMP) ]; then echo "setup-github: the full install in $(VENV) covers it"; exit 0; fi; \
+	set -e; test -x $(BIN)/python || $(PY) -m venv $(VENV); \
+	$(BIN)/python -m pip install -q --require-hashes --no-deps -r constraints/github-jobs.lock; \
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+
 demo: setup
 	$(BIN)/pipeline demo --experiment $(EXPERIMENT)
 
@@ -37,6 +48,7 @@ test-fast: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: setup
 	$(BIN)/python bench/run_all.py

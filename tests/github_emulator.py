@@ -114,6 +114,7 @@ class GitHubEmulator:
         self.faults: list[Fault] = []
         self.log: list[list[Any]] = []  # [method, path, status]; status 0 until answered (or dropped)
         self.registration_tokens: list[str] = []
+        self.history: list[tuple[int, str]] = []  # (comment id, body) of every create and edit, in order
         self._ids = 1000
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
@@ -592,6 +593,7 @@ class GitHubEmulator:
             c = {"id": self._next_id(), "_issue": number, "user": user, "body": body, "created_at": now,
                  "updated_at": now}
             r.comments[c["id"]] = c
+            self.history.append((c["id"], body))
         return self._comment_json(r, c)
 
     # ------------------------------------------------------------------ request handling
@@ -716,6 +718,7 @@ def _r_edit_comment(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: st
         return 422, {"message": "Validation Failed"}, {}
     c["body"] = body["body"]
     c["updated_at"] = _now_iso()
+    em.history.append((c["id"], c["body"]))
     return 200, em._comment_json(r, c), {}
 
 

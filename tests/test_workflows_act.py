@@ -139,24 +139,99 @@ def scene(tmp_path: Path) -> Iterator[Scene]:
         yield make_scene(tmp_path, gh, tiny=False)
 
 
-# --------------------------------------------------------------------------- PR checks
+@pytest.fixture
+def tiny(tmp_path: Path) -> Iterator[Scene]:
+    """The PR adds a very small baseline and candidate, so that training takes seconds."""
+    with GitHubEmulator() as gh:
+        yield make_scene(tmp_path, gh, tiny=True)
+
+
+# --------------------------------------------------------------------------- the whole life of a PR
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(900)
-def test_pr_checks_then_exactly_one_sticky_comment(scene: Scene) -> None:
+@pytest.mark.timeout(1500)
+def test_a_pull_request_from_checks_to_promotion(tiny: Scene) -> None:
+    """The heavy scenarios, run once: PR checks -> bundle -> comment workflow; a stale
+    bundle; /train from a reader; /cancel; a manual dispatch trains on the self-hosted
+    label (local launcher) while the pool is short; the report; merge -> push -> promotion."""
+    scene, gh = tiny, tiny.gh
     checked, commented = scene.pr_checks()
     assert checked["check"].result == "success", checked.explain()
     assert commented["verify"].result == "success" and commented["comment"].result == "success", commented.explain()
     (comment,) = scene.sticky()
-    assert comment["user"]["login"] == scene.gh.bot_login
-    assert "Experiment `higher-lr`" in comment["body"] and "Awaiting `/train`" in comment["body"]
+    assert comment["user"]["login"] == gh.bot_login
+    assert f"Experiment `{scene.experiment}`" in comment["body"] and "Awaiting `/train`" in comment["body"]
     assert parse_state(comment["body"])["validated_sha"] == scene.head_sha
     # A second delivery of the same run edits the same comment.
     again = scene.act.run("experiment-comment.yml", "workflow_run", scene.workflow_run(501, "success"),
                           sha=scene.main_sha, run_id=503)
     assert again["comment"].result == "success", again.explain()
     assert len(scene.sticky()) == 1
+
+    # The author pushed after the run: the bundle is stale, nothing is posted.
+    before = scene.sticky()[0]["body"]
+    gh.push(REPO_NAME, PR, "b" * 40)
+    stale = scene.act.run("experiment-comment.yml", "workflow_run", scene.workflow_run(501, "success"),
+                          sha=scene.main_sha, run_id=505)
+    assert stale["verify"].result == "failure" and stale["comment"].result == "skipped", stale.explain()
+    assert "stale or foreign bundle" in stale["verify"].log()
+    assert scene.sticky()[0]["body"] == before
+    gh.push(REPO_NAME, PR, scene.head_sha)  # back to the validated head
+
+    # /train from a reader: refused, one polite reply however often they ask.
+    for body in ("/train", "/train please"):
+        run = scene.act.run("experiment-train.yml", "issue_comment", scene.comment(body, user="mallory"),
+                            sha=scene.main_sha)
+        assert run["authorize"].outputs.get("action") == "refuse", run.explain()
+        assert run["train"].result == "skipped" and run["report"].result == "skipped", run.explain()
+    replies = [c for c in gh.comments(REPO_NAME, PR) if "gitops-train:refused=mallory" in c["body"]]
+    assert len(replies) == 1 and "write access" in replies[0]["body"]
+
+    # /cancel from a writer: the cancel job runs, nothing is launched.
+    run = scene.act.run("experiment-train.yml", "issue_comment", scene.comment("/cancel"), sha=scene.main_sha)
+    assert run["authorize"].outputs.get("action") == "cancel", run.explain()
+    assert run["cancel"].result == "success" and run["train"].result == "skipped", run.explain()
+
+    # A manual dispatch without `sha` (same-repository PR) trains the validated head.
+    gh.add_runner(REPO_NAME, name="gpu-node-1", labels=["gpu", "cpu"], status="online", busy=True)
+    scene.act.secrets["RUNNERS_READ_TOKEN"] = gh.token
+    train_run_id = 777
+    gh.add_workflow_run(REPO_NAME, train_run_id, path=TRAIN_WORKFLOW, event="workflow_dispatch")
+    payload = {"ref": "refs/heads/main", "inputs": {"pr": str(PR), "command": "train", "experiment": scene.experiment},
+               "workflow": TRAIN_WORKFLOW, "sender": {"login": "maria", "type": "User"},
+               "repository": fixture("issue_comment")["repository"]}
+    run = scene.act.run("experiment-train.yml", "workflow_dispatch", payload, sha=scene.main_sha,
+                        run_id=train_run_id, timeout=1200)
+    assert run["authorize"].outputs.get("launch") == "true", run.explain()
+    assert run["authorize"].outputs.get("sha") == scene.head_sha
+    assert run["capacity"].result == "success", run.explain()
+    assert run["train"].result == "success", run.explain()
+    assert run["report"].result == "success", run.explain()
+    sticky_id = scene.sticky()[0]["id"]
+    said = [body for cid, body in gh.history if cid == sticky_id]
+    assert any("waiting for 1 runner" in body and "busy" in body for body in said), said[-1]
+    (sticky,) = scene.sticky()
+    assert any(w in sticky["body"].lower() for w in ("supported", "refuted", "inconclusive")), sticky["body"]
+    assert parse_state(sticky["body"])["validated_sha"] == scene.head_sha
+
+    # Approved on the final head by another writer, override label, merged: the push promotes.
+    gh.add_review(REPO_NAME, PR, user="rex", state="APPROVED", commit_id=scene.head_sha)
+    gh.add_label(REPO_NAME, PR, "promote-override", actor="rex")
+    scene.repo.git("merge", "-q", "--no-ff", "-m", f"Merge pull request #{PR}", "exp/higher-lr")
+    merge_sha = scene.repo.head()
+    gh.merge(REPO_NAME, PR, merged_by="maria", merge_commit_sha=merge_sha)
+    push = {"ref": "refs/heads/main", "before": scene.main_sha, "after": merge_sha, "pusher": {"name": "maria"},
+            "sender": {"login": "maria"}, "head_commit": {"id": merge_sha}, "commits": [{"id": merge_sha}],
+            "repository": fixture("issue_comment")["repository"]}
+    promoted = scene.act.run("experiment-promote.yml", "push", push, sha=merge_sha)
+    assert promoted["promote"].result == "success", promoted.explain()
+    (sticky,) = scene.sticky()
+    assert "Promoted" in sticky["body"] and "champion" in sticky["body"], promoted.explain() + sticky["body"]
+    assert ("GET", f"/repos/{REPO_NAME}/commits/{merge_sha}/pulls", 200) in gh.requests_made("GET")
+
+
+# --------------------------------------------------------------------------- cheap scenarios
 
 
 @pytest.mark.e2e
@@ -176,24 +251,6 @@ def test_an_invalid_experiment_gets_annotations_and_a_failure_comment(tmp_path: 
         assert "validated_sha" not in parse_state(comment["body"])
 
 
-# --------------------------------------------------------------------------- /train, /cancel, dispatch
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(600)
-def test_train_from_a_reader_launches_nothing_and_gets_one_reply(scene: Scene) -> None:
-    run = scene.act.run("experiment-train.yml", "issue_comment", scene.comment("/train", user="mallory"),
-                        sha=scene.main_sha)
-    assert run["authorize"].result == "success", run.explain()
-    assert run["authorize"].outputs.get("action") == "refuse", run.explain()
-    assert run["train"].result == "skipped" and run["report"].result == "skipped"
-    again = scene.act.run("experiment-train.yml", "issue_comment", scene.comment("/train please", user="mallory"),
-                          sha=scene.main_sha)
-    assert again["authorize"].outputs.get("action") == "refuse", again.explain()
-    replies = [c for c in scene.gh.comments(REPO_NAME, PR) if "gitops-train:refused=mallory" in c["body"]]
-    assert len(replies) == 1 and "write access" in replies[0]["body"]
-
-
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_ordinary_comments_install_nothing(scene: Scene) -> None:
@@ -206,68 +263,16 @@ def test_ordinary_comments_install_nothing(scene: Scene) -> None:
     assert mention["authorize"].outputs.get("command") == "false", mention.explain()
     assert mention["authorize"].steps.get("Install the pipeline") in (None, "skipped"), mention.explain()
     assert "launch" not in mention["authorize"].outputs
+    assert scene.gh.comments(REPO_NAME, PR) == []
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
-def test_train_on_a_fork_pr_is_refused(tmp_path: Path) -> None:
-    with GitHubEmulator() as gh:
-        scene = make_scene(tmp_path, gh, tiny=False)
-        gh.repos[REPO_NAME].pulls[PR]["head"]["repo"] = "mallory/lab"
-        run = scene.act.run("experiment-train.yml", "issue_comment", scene.comment("/train"), sha=scene.main_sha)
-        assert run["authorize"].outputs.get("action") == "refuse", run.explain()
-        assert "fork" in run["authorize"].outputs.get("reason", ""), run.explain()
-        assert run["train"].result == "skipped"
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(600)
-def test_cancel_runs_the_cancel_job_and_launches_nothing(scene: Scene) -> None:
-    run = scene.act.run("experiment-train.yml", "issue_comment", scene.comment("/cancel"), sha=scene.main_sha)
-    assert run["authorize"].outputs.get("action") == "cancel", run.explain()
-    assert run["cancel"].result == "success", run.explain()
+def test_train_on_a_fork_pr_is_refused(scene: Scene) -> None:
+    scene.gh.repos[REPO_NAME].pulls[PR]["head"]["repo"] = "mallory/lab"
+    run = scene.act.run("experiment-train.yml", "issue_comment", scene.comment("/train"), sha=scene.main_sha)
+    assert run["authorize"].outputs.get("action") == "refuse", run.explain()
+    assert "fork" in run["authorize"].outputs.get("reason", ""), run.explain()
     assert run["train"].result == "skipped"
-
-
-@pytest.fixture
-def tiny(tmp_path: Path) -> Iterator[Scene]:
-    with GitHubEmulator() as gh:
-        yield make_scene(tmp_path, gh, tiny=True)
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(1500)
-def test_dispatch_trains_on_the_self_hosted_label_then_merge_promotes(tiny: Scene) -> None:
-    scene = tiny
-    checked, commented = scene.pr_checks()
-    assert commented["comment"].result == "success", checked.explain() + commented.explain()
-
-    # A manual dispatch without `sha` (same-repository PR): the validated head is used.
-    train_run_id = 777
-    scene.gh.add_workflow_run(REPO_NAME, train_run_id, path=TRAIN_WORKFLOW, event="workflow_dispatch")
-    payload = {"ref": "refs/heads/main", "inputs": {"pr": str(PR), "command": "train", "experiment": scene.experiment},
-               "workflow": TRAIN_WORKFLOW, "sender": {"login": "maria", "type": "User"},
-               "repository": fixture("issue_comment")["repository"]}
-    run = scene.act.run("experiment-train.yml", "workflow_dispatch", payload, sha=scene.main_sha,
-                        run_id=train_run_id, timeout=1200)
-    assert run["authorize"].outputs.get("launch") == "true", run.explain()
-    assert run["authorize"].outputs.get("sha") == scene.head_sha
-    assert run["train"].result == "success", run.explain()
-    assert run["report"].result == "success", run.explain()
-    (sticky,) = scene.sticky()
-    assert any(w in sticky["body"].lower() for w in ("supported", "refuted", "inconclusive")), sticky["body"]
-    assert parse_state(sticky["body"])["validated_sha"] == scene.head_sha
-
-    # Approved on the final head by another writer, override label, merged: the push promotes.
-    scene.gh.add_review(REPO_NAME, PR, user="rex", state="APPROVED", commit_id=scene.head_sha)
-    scene.gh.add_label(REPO_NAME, PR, "promote-override", actor="rex")
-    scene.repo.git("merge", "-q", "--no-ff", "-m", f"Merge pull request #{PR}", "exp/higher-lr")
-    merge_sha = scene.repo.head()
-    scene.gh.merge(REPO_NAME, PR, merged_by="maria", merge_commit_sha=merge_sha)
-    push = {"ref": "refs/heads/main", "before": scene.main_sha, "after": merge_sha, "pusher": {"name": "maria"},
-            "sender": {"login": "maria"}, "head_commit": {"id": merge_sha}, "commits": [{"id": merge_sha}],
-            "repository": fixture("issue_comment")["repository"]}
-    promoted = scene.act.run("experiment-promote.yml", "push", push, sha=merge_sha)
-    assert promoted["promote"].result == "success", promoted.explain()
-    (sticky,) = scene.sticky()
-    assert "Promoted" in sticky["body"] and "champion" in sticky["body"], promoted.explain() + sticky["body"]
+    (reply,) = [c for c in scene.gh.comments(REPO_NAME, PR) if c["user"]["login"] == scene.gh.bot_login]
+    assert "fork" in reply["body"]

@@ -372,3 +372,38 @@ def test_cancel_joins_the_train_jobs_concurrency_group_without_any_permission() 
     assert cancel["concurrency"]["cancel-in-progress"] is True and train["concurrency"]["cancel-in-progress"] is False
     assert cancel["permissions"] == {} and cancel["runs-on"] == "ubuntu-latest"
     assert "needs.authorize.outputs.action == 'cancel'" in cancel["if"]
+
+
+PRIVILEGED_JOBS = {("experiment-comment", "comment"), ("experiment-train", "authorize"),
+                   ("experiment-train", "capacity"), ("experiment-train", "report"), ("experiment-promote", "promote")}
+
+
+@pytest.mark.unit
+def test_privileged_jobs_install_from_the_hash_pinned_lock() -> None:
+    """Issue 14 item 10: no `~=` ranges resolved at run time where a write token is held."""
+    for wf, job_id in PRIVILEGED_JOBS:
+        job = yaml.safe_load((WORKFLOWS / f"{wf}.yml").read_text(encoding="utf-8"))["jobs"][job_id]
+        runs = [str(s.get("run", "")).strip() for s in job["steps"]]
+        assert "make setup-github" in runs and "make setup" not in runs, (wf, job_id, runs)
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    recipe = makefile[makefile.index("setup-github:"):].split("\n\n", 1)[0]
+    assert "--require-hashes --no-deps -r constraints/github-jobs.lock" in recipe
+    assert "--no-deps --no-build-isolation -e ." in recipe
+
+
+@pytest.mark.unit
+def test_the_lock_pins_every_package_with_hashes() -> None:
+    lock = (REPO / "constraints" / "github-jobs.lock").read_text(encoding="utf-8")
+    entries = re.split(r"\n(?=[a-z0-9])", lock.strip())
+    pins = {}
+    for entry in entries:
+        first = entry.split("\n", 1)[0]
+        m = re.match(r"^([a-z0-9][a-z0-9._-]*)==([^ ]+) \\$", first)
+        assert m, f"not an exact pin: {first!r}"
+        assert re.search(r"--hash=sha256:[0-9a-f]{64}", entry), f"{m.group(1)} has no hash"
+        pins[m.group(1)] = m.group(2)
+    wanted = [re.split(r"[<>=~!\s;\[]", line.strip(), maxsplit=1)[0].lower().replace("_", "-")
+              for line in (REPO / "constraints" / "github-jobs.in").read_text(encoding="utf-8").splitlines()
+              if line.strip() and not line.startswith("#")]
+    assert wanted and all(name in pins for name in wanted), sorted(set(wanted) - set(pins))
+    assert not any(name in pins for name in ("torch", "transformers", "accelerate")), "the lock pulls in training"

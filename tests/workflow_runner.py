@@ -1,11 +1,18 @@
-"""An emulated GitHub Actions runner: executes a workflow job's own `run:` steps.
+"""An emulated GitHub Actions runner, kept for the one thing nektos/act cannot do.
 
-Not a reimplementation of Actions, just enough of it to prove that the workflows as
-written work: each job runs in its own clone of a test repository, with the files and
-variables a real runner provides (GITHUB_EVENT_PATH with a payload shaped like the
-real ones, GITHUB_OUTPUT, GITHUB_ENV, GITHUB_STEP_SUMMARY, GITHUB_REPOSITORY,
-GITHUB_SHA, GITHUB_WORKSPACE, RUNNER_TEMP, GITHUB_API_URL pointing at the GitHub
-emulator), steps run by `bash --noprofile --norc -eo pipefail` like `shell: bash`.
+The workflows are run by a real engine, nektos/act, in tests/test_workflows_act.py. act
+hands every job of a run the same GITHUB_TOKEN, while GitHub mints one per job; the
+scenario "the training job's token expired, the report job's fresh one still works"
+(issue 14, item 3) needs per-job tokens (`WorkflowRunner.job_tokens`), so it runs here
+(tests/test_workflows_run.py). Everything else this runner used to prove (PR checks,
+the bundle hand-off, /train from writers and readers, /cancel, capacity, promotion) is
+now proven under act, and those tests were removed from here.
+
+What it emulates, enough for that scenario: each job runs in its own clone of a test
+repository, with the files and variables a real runner provides (GITHUB_EVENT_PATH,
+GITHUB_OUTPUT, GITHUB_ENV, GITHUB_STEP_SUMMARY, GITHUB_REPOSITORY, GITHUB_SHA,
+GITHUB_WORKSPACE, RUNNER_TEMP, GITHUB_API_URL pointing at the GitHub emulator), steps run
+by `bash --noprofile --norc -eo pipefail` like `shell: bash`.
 
 Supported expressions (`${{ }}` in env, with, if, outputs, run): the contexts
 github (from the payload and the run), env, steps.<id>.outputs/outcome,
@@ -22,7 +29,7 @@ Emulated `uses:` (anything else is an error, so a new action cannot slip by unte
   actions/download-artifact  copy an artifact of the run named by `run-id` to `path`
 
 Environments (`environment:`) are treated as approved: the test plays the reviewer.
-Job-level `concurrency` and `timeout-minutes` are not emulated.
+Job-level `concurrency` and `timeout-minutes` are not emulated (act ignores them too).
 
 Substitution, documented: the step `make setup` (create .venv and pip install) is
 replaced by a symlink from the job's `.venv` to the already installed project venv,
@@ -429,7 +436,7 @@ class WorkflowRunner:
             with_ = self._interpolate_map(step.get("with"), ctx)
             return self._uses(step["uses"], with_, workspace, run_id)
         script = self._interpolate(step["run"], ctx)
-        if script.strip() == "make setup":
+        if script.strip() in ("make setup", "make setup-github"):
             # Documented substitution: reuse the installed venv instead of pip installing.
             link = workspace / ".venv"
             if not link.exists():
