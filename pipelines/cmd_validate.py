@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -241,7 +242,7 @@ def diff_specs(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str,
     return changes
 
 
-def _field_order(*flats: dict[str, Any]):
+def _field_order(*flats: dict[str, Any]) -> Callable[[str], int]:
     order: dict[str, int] = {}
     for flat in flats:
         for key in flat:

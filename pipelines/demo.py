@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from validation.errors import UsageError
+from validation.paths import experiment_file, experiment_files, experiment_names
 
 
 def run_demo(repo: Path, experiment: str) -> None:
@@ -26,10 +27,11 @@ def run_demo(repo: Path, experiment: str) -> None:
 
     console = Console(stderr=True)
     started = time.time()
-    spec_path = repo / "experiments" / f"{experiment}.yaml"
-    if not spec_path.is_file():
-        choices = sorted(p.stem for p in (repo / "experiments").glob("*.yaml"))
-        raise UsageError(f"{spec_path}: no such experiment; choose one of {', '.join(choices)}")
+    found = experiment_file(repo, experiment)
+    if found is None:
+        choices = experiment_names(repo)
+        raise UsageError(f"no experiment '{experiment}' in {repo / 'experiments'}; choose one of {', '.join(choices)}")
+    spec_path = found
 
     console.rule("1. demo corpus (standard library of this interpreter)")
     demo_dir = repo / "data" / "demo"
@@ -38,7 +40,7 @@ def run_demo(repo: Path, experiment: str) -> None:
         console.print(f"  {f.relative_to(repo)}  {f.stat().st_size / 1e6:.2f} MB")
 
     console.rule("2. pull request checks: validate and plan")
-    for f in sorted((repo / "experiments").glob("*.yaml")):
+    for f in experiment_files(repo / "experiments"):
         spec = load_spec(f)
         console.print(f"  [green]valid[/] {f.relative_to(repo)}  hypothesis: {spec.hypothesis.metric} "
                       f"{spec.hypothesis.direction} >= {spec.hypothesis.min_effect:.0%} vs {spec.hypothesis.baseline}")

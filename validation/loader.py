@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from validation.errors import Issue, SpecError
 from validation.paths import (
@@ -206,10 +207,11 @@ class _CappedComposer(yaml.composer.Composer):
     depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:  # PyYAML hook
-        if self.check_event(yaml.AliasEvent):
+        events: Any = self  # the parser half of the loader this class is mixed into
+        if events.check_event(yaml.AliasEvent):
             self.alias_count += 1
             if self.alias_count > MAX_ALIASES:
-                mark = self.peek_event().start_mark
+                mark = events.peek_event().start_mark
                 raise _Abort(
                     mark.line + 1,
                     mark.column + 1,
@@ -218,7 +220,7 @@ class _CappedComposer(yaml.composer.Composer):
                 )
         self.depth += 1
         if self.depth > MAX_NESTING:
-            mark = self.peek_event().start_mark
+            mark = events.peek_event().start_mark
             raise _Abort(
                 mark.line + 1, mark.column + 1, YAML_FIELD, f"nested deeper than {MAX_NESTING} levels"
             )
@@ -261,7 +263,7 @@ class _LocatingLoader(
 try:  # libyaml's C parser produces the same events about 7x faster; composing stays ours.
     from yaml._yaml import CParser as _CParser
 
-    class _FastLocatingLoader(_CappedComposer, _CParser, yaml.constructor.SafeConstructor, _CoreResolver):  # type: ignore[misc, valid-type]
+    class _FastLocatingLoader(_CappedComposer, _CParser, yaml.constructor.SafeConstructor, _CoreResolver):
         def __init__(self, stream: str):
             _CParser.__init__(self, stream)
             _CappedComposer.__init__(self)
@@ -365,6 +367,7 @@ class _NodeWalker:
             finally:
                 self.active.discard(id(node))
         self.locs[path] = self.loc(node)
+        assert isinstance(node, yaml.ScalarNode), node
         return self.build_scalar(node, path)
 
     def build_mapping(self, node: yaml.MappingNode, path: PathKey, depth: int) -> dict[str, Any]:
@@ -684,7 +687,7 @@ class _SpecLoader:
     # -- pydantic errors -> issues
 
     def map_validation_errors(self, doc: _Doc, exc: ValidationError) -> None:
-        grouped: dict[PathKey, list[tuple[dict[str, Any], bool]]] = {}
+        grouped: dict[PathKey, list[tuple[ErrorDetails, bool]]] = {}
         resolved = [
             (e, *_resolve_error_path(doc.data, e))
             for e in exc.errors(include_url=False, include_context=False)
@@ -719,7 +722,7 @@ class _SpecLoader:
     def poisoned(doc: _Doc, path: PathKey) -> bool:
         return any(path[: len(bad)] == bad for bad in doc.poisoned)
 
-    def map_one_error(self, doc: _Doc, path: PathKey, error: dict[str, Any]) -> None:
+    def map_one_error(self, doc: _Doc, path: PathKey, error: ErrorDetails) -> None:
         kind = error["type"]
         if kind == "missing":
             hint = f"; set `name: {self.top.stem}` (the file name)" if path == ("name",) else ""
@@ -830,7 +833,7 @@ def _get(data: Any, path: PathKey) -> Any:
     return data
 
 
-def _resolve_error_path(data: Any, error: dict[str, Any]) -> tuple[PathKey, bool]:
+def _resolve_error_path(data: Any, error: ErrorDetails) -> tuple[PathKey, bool]:
     """Drop pydantic's union-member tags from `loc` so it names YAML keys only."""
     loc = error["loc"]
     resolved: list[str | int] = []
@@ -850,7 +853,7 @@ def _resolve_error_path(data: Any, error: dict[str, Any]) -> tuple[PathKey, bool
     return tuple(resolved), through_union
 
 
-def _plain_message(error: dict[str, Any]) -> str:
+def _plain_message(error: ErrorDetails) -> str:
     message = str(error.get("msg", "invalid value"))
     for prefix in ("Value error, ", "Assertion failed, "):
         if message.startswith(prefix):
@@ -862,7 +865,7 @@ def _plain_message(error: dict[str, Any]) -> str:
     return message
 
 
-def _alternative(error: dict[str, Any]) -> str:
+def _alternative(error: ErrorDetails) -> str:
     """One branch of a union, phrased to follow "must be"."""
     if error["type"] in ("model_type", "dict_type", "model_attributes_type"):
         return "a mapping"
@@ -870,7 +873,7 @@ def _alternative(error: dict[str, Any]) -> str:
     return message.removeprefix("Input should be ")
 
 
-def _got(error: dict[str, Any]) -> str:
+def _got(error: ErrorDetails) -> str:
     if error["type"] in ("value_error", "missing", "extra_forbidden"):
         return ""
     value = error.get("input")

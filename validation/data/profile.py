@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ TOP_TOKENS = 20
 LENGTH_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
-def token_profile(counts: np.ndarray, vocab: Sequence[str]) -> dict:
+def token_profile(counts: np.ndarray, vocab: Sequence[str]) -> dict[str, Any]:
     total = int(counts.sum())
     order = np.argsort(-counts, kind="stable")
     kept = [int(i) for i in order[:PROFILE_TOKENS] if counts[i] > 0]
@@ -37,7 +38,7 @@ def token_profile(counts: np.ndarray, vocab: Sequence[str]) -> dict:
     }
 
 
-def length_summary(lengths: np.ndarray) -> dict:
+def length_summary(lengths: np.ndarray) -> dict[str, Any]:
     if lengths.size == 0:
         return {"mean": 0.0, "max": 0, **{f"p{int(q * 100):02d}": 0.0 for q in LENGTH_QUANTILES}}
     qs = np.quantile(lengths, LENGTH_QUANTILES)
