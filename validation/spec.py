@@ -276,7 +276,7 @@ class TrainSpec(Section):
     deterministic: bool = True
     """Deterministic algorithms and seeded RNGs on every rank (bitwise-exact resume on CPU)."""
     compile: bool = False
-    """Wrap the model in `torch.compile`."""
+    """Wrap the model in `torch.compile` (inductor); the first steps compile (minutes on a CPU, which needs a C++ compiler). Effect: `bench/bench_trainer.py --compile`."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass: less activation memory for one more forward per layer."""
     log_interval: Annotated[int, Field(ge=1, le=10**6)] = 10
