@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from reports.compare import HypothesisView
+from reports.records import REGISTRATION_FILE, read_registrations
 
-REGISTRATION_FILE = "hypothesis.registered.json"
+__all__ = ["REGISTRATION_FILE", "changes", "read_registrations", "register_hypothesis", "registered_for",
+           "registered_view", "registration_entry"]
 
 
 def registration_entry(hypothesis: Any, seeds: Sequence[int], *, results_existed: bool = False,
@@ -41,15 +43,6 @@ def registration_entry(hypothesis: Any, seeds: Sequence[int], *, results_existed
         "registered_at_s": now if now is not None else time.time(),
         "results_existed": bool(results_existed),
     }
-
-
-def read_registrations(run_dir: str | Path) -> dict[str, dict[str, Any]]:
-    path = Path(run_dir) / REGISTRATION_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {str(k): v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
 
 
 def register_hypothesis(run_dir: str | Path, experiment: str, hypothesis: Any, seeds: Sequence[int], *,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from validation.environment import COMPARED_KEYS
 from validation.errors import PipelineError, TrackingError, UsageError
 
 # Fields of the resolved spec that do not change what is trained; left out of params diffs.
@@ -79,7 +80,7 @@ class RunRecord:
     """The resolved spec flattened to dotted keys (`train.lr`)."""
     tags: dict[str, str] = field(default_factory=dict)
     """Identity tags without the `pipeline.` prefix: code_version, data_version, spec_hash,
-    env_fingerprint, trainer_version, ..."""
+    env_hash, trainer_version, ..."""
     data: DataInfo = DataInfo()
     alerts: tuple[Alert, ...] = ()
     cost: Cost = Cost()
@@ -97,8 +98,8 @@ class RunRecord:
     `reports.prereg`): what the hypothesis was when this run's training started."""
 
     @property
-    def env_fingerprint(self) -> str | None:
-        return self.tags.get("env_fingerprint")
+    def env_hash(self) -> str | None:
+        return self.tags.get("env_hash")
 
     @property
     def trainer_version(self) -> str | None:
@@ -133,17 +134,18 @@ def _named_items(value: Any) -> bool:
     return len(set(names)) == len(names)
 
 
-# What makes two runs' numbers comparable (host name, CPU count, thread count do not);
-# the trainer names the GPU `gpu`, pipelines.envinfo names it `gpu_model`.
-COMPARED_ENV_KEYS = ("python", "torch", "cuda", "accelerate", "transformers", "gpu", "gpu_model")
+# What makes two runs' numbers comparable: the one definition in validation.environment,
+# plus `gpu`, the name older trainers recorded the GPU under (runs made before it moved).
+COMPARED_ENV_KEYS = (*COMPARED_KEYS, "gpu")
 
 
 def comparable_env(env: dict[str, Any] | None) -> dict[str, str]:
     return {k: str(env[k]) for k in COMPARED_ENV_KEYS if isinstance(env, dict) and env.get(k) is not None}
 
 
-def env_fingerprint(env: dict[str, Any] | None) -> str | None:
-    """A short stable hash of the comparable part of the environment the trainer records."""
+def env_hash(env: dict[str, Any] | None) -> str | None:
+    """A short stable hash of the comparable part of a recorded environment fingerprint
+    (`validation.environment.env_fingerprint` is what the trainer records)."""
     subset = comparable_env(env)
     if not subset:
         return None
@@ -342,6 +344,20 @@ def divergence_step(train_loss: list[tuple[int, float]], first_non_finite: int |
     return step
 
 
+REGISTRATION_FILE = "hypothesis.registered.json"
+"""Written by `reports.prereg.register_hypothesis` into a seed run directory."""
+
+
+def read_registrations(run_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """experiment name -> registered hypothesis, from a run directory (empty when none)."""
+    path = Path(run_dir) / REGISTRATION_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+
 def record_from_run_dir(path: str | Path) -> RunRecord:
     """Reads a run directory: result.json (required), metrics.jsonl, alerts.jsonl,
     spec.resolved.json, identity.json, stages/*.json."""
@@ -377,9 +393,9 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
 
     tags = {str(k): str(v) for k, v in identity.items() if v is not None and not isinstance(v, dict | list)}
     env = comparable_env(result.get("env") or identity.get("env"))
-    fingerprint = env_fingerprint(env)
-    if fingerprint:
-        tags["env_fingerprint"] = fingerprint
+    digest = env_hash(env)
+    if digest:
+        tags["env_hash"] = digest
     trainer_version = result.get("trainer_version") or identity.get("trainer_version")
     if trainer_version:
         tags["trainer_version"] = str(trainer_version)
@@ -403,8 +419,6 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
         estimate = planned_device_hours(spec)
 
     seed = identity.get("seed", params.get("train.seed"))
-    from reports.prereg import read_registrations
-
     diverged_at: Any = result.get("diverged_at_step")
     status = str(result.get("status", "unknown"))
     if status == "finished":  # a safety net for runs the trainer did not mark (older trainers)
@@ -508,8 +522,8 @@ def records_from_mlflow(
                 raise TrackingError(f"MLflow: cannot read '{key}' of run {run.info.run_id}: {exc.message}") from exc
             history[key] = sorted((int(p.step), float(p.value)) for p in points if _finite(p.value) is not None)
         env = comparable_env({k.removeprefix("env."): v for k, v in run.data.tags.items() if k.startswith("env.")})
-        if env_fingerprint(env):
-            tags.setdefault("env_fingerprint", env_fingerprint(env))
+        if env_hash(env):
+            tags.setdefault("env_hash", env_hash(env) or "")
         # The trainer keeps the latest alert per kind as a tag `alert.<kind>` = "P1 step 40: message".
         alerts = tuple(_alert_from_tag(k.removeprefix("alert."), v) for k, v in sorted(run.data.tags.items())
                        if k.startswith("alert."))

@@ -90,7 +90,7 @@ def test_record_from_run_dir_reads_every_file(tmp_path):
     assert r.final_metrics["eval/loss"] == 3.0
     assert [s for s, _ in r.history["train/loss"]] == list(range(10, 101, 10))
     assert r.params["train.lr"] == 6e-3 and r.params["model.hidden_size"] == 32
-    assert r.tags["trainer_version"] == "trainer-aaaa" and r.env_fingerprint
+    assert r.tags["trainer_version"] == "trainer-aaaa" and r.env_hash
     assert r.data.version == "data-0.6" and r.data.mixture_requested == {"code": 0.6, "docs": 0.4}
     assert r.data.mixture_realised == {"code": pytest.approx(0.61)} and r.data.checks_passed is True
     assert r.alerts[0].kind == "grad_norm_spike" and r.alerts[0].step == 30
