@@ -124,6 +124,22 @@ def looks_table(rng, noise: float = 0.005, m: float = 0.01, start: int = 3, stop
     return rows
 
 
+def estimated_hint_table(rng, m: float = 0.02, pilot: int = 3, trials: int = 2000) -> list[str]:
+    """The hint from an sd *estimated* on `pilot` seeds (what an inconclusive verdict gives):
+    the exact power that n then has under the true sd."""
+    from reports.verdict import power
+
+    rows = ["| true sd of r | needed n (true sd) | median hinted n (sd from 3 seeds) | mean power at hinted n | "
+            "P(power >= 0.8) |", "|---:|---:|---:|---:|---:|"]
+    for sd in (0.005, 0.01, 0.02):
+        sd_hat = (sd * rng.standard_normal((trials, pilot))).std(axis=1, ddof=1)
+        hinted = [seeds_needed(float(s), m, ALPHA) or 10**6 for s in sd_hat]
+        powers = np.array([power(min(n, 10**4), sd, m, ALPHA) for n in hinted])
+        rows.append(f"| {sd:.1%} | {seeds_needed(sd, m, ALPHA)} | {int(np.median(hinted))} | {powers.mean():.3f} | "
+                    f"{(powers >= 0.8).mean():.3f} |")
+    return rows
+
+
 def main(write: bool = True) -> str:
     started = time.perf_counter()
     rng = np.random.default_rng(SEED)
@@ -143,6 +159,11 @@ def main(write: bool = True) -> str:
         "Extra looks: add one seed at a time until supported (noise 0.5 %, min_effect 1 %, 10,000 studies):",
         "",
         *looks_table(rng),
+        "",
+        "The hint as an inconclusive verdict gives it, from the sd of 3 seeds (min_effect 2 %, 2,000 pilots each); "
+        "the sd estimate is noisy, so the hint is only as good as that estimate:",
+        "",
+        *estimated_hint_table(rng),
     ]
     elapsed = time.perf_counter() - started
     body = "\n".join(parts) + f"\n\nSimulated in {elapsed:.1f} s. Reproduce: `.venv/bin/python bench/bench_verdict.py`.\n"

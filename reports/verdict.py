@@ -187,7 +187,9 @@ def _hint(sd: float | None, h: HypothesisView, n_now: int, source: str) -> tuple
     if needed <= n_now:
         return needed, (f" Seeds: {basis}, {needed} paired seeds would do and {n_now} ran: the estimate sits "
                         "too close to min_effect to tell; more seeds narrow the interval.")
-    return needed, f" Seeds: {basis}, about {needed} paired seeds would be needed."
+    caveat = (f" A spread measured on {n_now} seeds is itself uncertain, so take that as a lower bound."
+              if 2 <= n_now < 5 else "")
+    return needed, f" Seeds: {basis}, about {needed} paired seeds would be needed.{caveat}"
 
 
 def diverged_runs(runs: Sequence[Any]) -> list[Any]:
