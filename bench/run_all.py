@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["bench_validate.py", "bench_pr_check.py", "bench_data.py", "bench_trainer.py", "bench_mlflow.py"]
+SCRIPTS = ["bench_validate.py", "bench_pr_check.py", "bench_data.py", "bench_trainer.py", "bench_mlflow.py",
+           "profile_trainer.py", "bench_parallel_memory.py", "bench_verdict.py"]
+GPU_SCRIPTS = ["gpu_bench.py", "gpu_fsdp_bench.py"]
 
 
 def main() -> int:
@@ -24,9 +26,10 @@ def main() -> int:
         import torch
 
         if torch.cuda.is_available():
-            print("== gpu_bench.py", flush=True)
-            if subprocess.run([sys.executable, str(HERE / "gpu_bench.py")], cwd=HERE.parent).returncode:
-                failed.append("gpu_bench.py")
+            for script in GPU_SCRIPTS:
+                print(f"== {script}", flush=True)
+                if subprocess.run([sys.executable, str(HERE / script)], cwd=HERE.parent).returncode:
+                    failed.append(script)
     except ImportError:
         pass
     print("results: bench/RESULTS.md" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
