@@ -105,6 +105,7 @@ def comment(
         else:
             from reports.render import render_status
 
+            assert stage is not None
             try:
                 body = render_status(stage, experiment=experiment, detail=detail, failed=failed, step=step,
                                      total_steps=total_steps, eta_s=eta_s, loss=loss, url=url)

@@ -257,7 +257,7 @@ def map_error(exc: BaseException, action: str, config: GitHubConfig | None = Non
 def _gh_message(exc: Any) -> str:
     data = exc.data
     if isinstance(data, dict) and isinstance(data.get("message"), str):
-        return data["message"].splitlines()[0][:200]
+        return str(data["message"]).splitlines()[0][:200]
     return ""
 
 

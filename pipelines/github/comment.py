@@ -41,8 +41,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pipelines.github.client import CodeHost, Comment, TransientGitHubError
-from validation.errors import UsageError
+from pipelines.github.client import CodeHost, Comment
+from validation.errors import TransientGitHubError, UsageError
 from validation.spec import NAME_PATTERN
 
 GITHUB_COMMENT_LIMIT = 65536

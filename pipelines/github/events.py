@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -280,7 +281,7 @@ def _parse_dispatch(p: dict[str, Any]) -> WorkflowDispatchEvent:
     )
 
 
-_PARSERS = {
+_PARSERS: dict[str, Callable[[dict[str, Any]], Event]] = {
     "pull_request": _parse_pull_request,
     "pull_request_review": _parse_review,
     "issue_comment": _parse_comment,

@@ -219,11 +219,10 @@ class MlflowPromotion:
             [exp.experiment_id], filter_string=f"tags.`pipeline.git_sha` = '{sha}'",
             order_by=["attributes.start_time DESC"], max_results=50,
         )
-        if accept is not None:
-            runs = [r for r in runs if accept(r.data.tags)]
-        if not runs:
+        admitted = [r for r in runs if accept is None or accept(r.data.tags)]
+        if not admitted:
             return None
-        finished = [r for r in runs if r.info.status == "FINISHED"] or runs
+        finished = [r for r in admitted if r.info.status == "FINISHED"] or admitted
         # Prefer the run that carries the verdict (the first candidate of the report).
         best, verdict, hypothesis = finished[0], None, ""
         for run in finished:
