@@ -93,7 +93,7 @@ def test_fsdp2_export_streamed_from_shards_equals_ddp_export(ddp: dict[str, Any]
 
 @pytest.mark.integration
 def test_fsdp2_with_clipping_matches_ddp_within_1e6(tmp_path: Path, data_dir: Path) -> None:  # noqa: F811
-    clip = COMMON | {"grad_clip": 1.0, "max_steps": 12, "checkpoint_interval": 100}
+    clip = COMMON | {"grad_clip": 1.0, "max_steps": 10, "checkpoint_interval": 100}
     code, ddp_dir = run_trainer(tmp_path, data_dir, "ddp-clip", ranks=2, model=MODEL, **clip)
     _ok(code, ddp_dir)
     code, fsdp_dir = run_trainer(tmp_path, data_dir, "fsdp-clip", ranks=2, parallel=FSDP, model=MODEL, **clip)
@@ -205,3 +205,59 @@ def test_activation_checkpointing_recomputes_the_same_losses(
     assert sorted(got) == list(range(1, STEPS + 1))
     for step, loss in got.items():
         assert loss == single["losses"][step], step
+
+
+@pytest.mark.unit
+def test_an_unsharded_model_under_a_sharded_layout_fails_loudly() -> None:
+    """The silent fallback (accelerate running DDP when asked for FSDP) must stop the run."""
+    import torch
+
+    from trainer.parallel import Topology, assert_sharded
+    from validation.errors import TrainingError
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    with pytest.raises(TrainingError, match="not sharded: this rank holds 8320 of 8320"):
+        assert_sharded(model, Topology(world=2, rank=0, dp=2, tp=1, fsdp=True))
+    assert assert_sharded(model, Topology(world=2, rank=0, dp=2, tp=1, fsdp=False)) == (8320, 8320)  # DDP
+
+
+@pytest.mark.unit
+def test_topology_refuses_pipeline_parallelism_and_reads_rows_per_tp_group() -> None:
+    from trainer.parallel import Topology
+    from validation.errors import TrainingError
+    from validation.spec import ParallelLayout
+
+    with pytest.raises(TrainingError, match="pipeline parallelism is not executable"):
+        Topology.from_layout(ParallelLayout(dp=1, pp=2), 2, 0)
+    topo = Topology.from_layout(ParallelLayout(dp=2, tp=2), 4, 3)
+    assert (topo.dp, topo.dp_rank, topo.tp_rank, topo.fsdp, topo.sharded) == (2, 1, 1, True, True)
+    assert not Topology.from_layout(ParallelLayout(dp=1, fsdp=True), 1, 0).sharded  # one process: plain
+
+
+@pytest.mark.unit
+def test_fault_plan_is_a_null_object_unless_asked() -> None:
+    from trainer.faults import FaultPlan, InjectedFaults
+
+    plain = FaultPlan.from_env(0, {})
+    assert type(plain) is FaultPlan and not plain.oom_now(3) and not plain.nan_now(3)
+    plan = FaultPlan.from_env(1, {"TRAINER_INJECT_OOM_AT_STEP": "3", "TRAINER_INJECT_OOM_RANK": "1"})
+    assert isinstance(plan, InjectedFaults)
+    assert [plan.oom_now(s) for s in (2, 3, 3)] == [False, True, False]  # once per process
+
+
+@pytest.mark.integration
+def test_fsdp2_bf16_computes_in_bf16_and_keeps_fp32_weights(
+        tmp_path: Path, data_dir: Path, fsdp: dict[str, Any]) -> None:  # noqa: F811
+    """precision bf16 under FSDP: MixedPrecisionPolicy(param bf16, reduce fp32); the sharded
+    master weights (what checkpoints and the export hold) stay fp32."""
+    from trainer.dcp import model_tensors
+
+    code, run_dir = run_trainer(tmp_path, data_dir, "bf16", ranks=2, parallel=FSDP, model=MODEL,
+                                **(COMMON | {"max_steps": 6, "precision": "bf16"}))
+    _ok(code, run_dir)
+    got = step_losses(run_dir)
+    assert sorted(got) == list(range(1, 7)) and got[6] < got[1]
+    # Step 1 sees the same weights and rows as the fp32 run: close, but computed in bf16.
+    assert got[1] != fsdp["losses"][1] and abs(got[1] - fsdp["losses"][1]) < 0.05
+    dtypes = {str(dtype) for _, dtype in model_tensors(run_dir / "checkpoints" / "step_000006").values()}
+    assert dtypes == {"torch.float32"}

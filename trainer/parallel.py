@@ -144,7 +144,7 @@ def build_model(spec: ExperimentSpec, topo: Topology, device: torch.device, seed
         model = AutoModelForCausalLM.from_config(hf_config(m), attn_implementation=m.attn_implementation)
     model.config.use_cache = False
     if spec.train.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable({"use_reentrant": False})  # every decoder layer
     buffers = {name: buf.clone() for name, buf in model.named_buffers()}
     if topo.sharded:
         assert mesh is not None
