@@ -379,7 +379,10 @@ class Trainer:
                 stop_early = False
                 if (s + 1) % tr.eval_interval == 0 and s + 1 < self.total_steps:
                     stop_early = self._evaluate_and_log(s + 1)
-                if res.sigterm or self._sigterm:
+                # Only the all-reduced flag: a rank whose own SIGTERM came after this step's
+                # all-reduce must not start saving while its peers go on to the next step's
+                # collectives (both would wait forever). The next step's all-reduce carries it.
+                if res.sigterm or (self.world == 1 and self._sigterm):
                     return self._preempt(watchdog)
                 if (s + 1) % tr.checkpoint_interval == 0 and s + 1 < self.total_steps:
                     self.save_checkpoint()
