@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import typer
 
+from trainer.tracking import bound_mlflow_http
 from validation.environment import apply_offline_env
 
 # MLflow phones home on import unless told not to; every process we start inherits this.
 apply_offline_env()
+# Every MLflow call of every command (reports, runs, promote) and of the trainers it starts is
+# bounded by one policy (timeout, retries): a dead server costs seconds, not minutes.
+bound_mlflow_http()
 
 app = typer.Typer(
     name="pipeline",
