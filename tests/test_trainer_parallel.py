@@ -261,3 +261,20 @@ def test_fsdp2_bf16_computes_in_bf16_and_keeps_fp32_weights(
     assert got[1] != fsdp["losses"][1] and abs(got[1] - fsdp["losses"][1]) < 0.05
     dtypes = {str(dtype) for _, dtype in model_tensors(run_dir / "checkpoints" / "step_000006").values()}
     assert dtypes == {"torch.float32"}
+
+
+@pytest.mark.integration
+def test_hsdp_shards_inside_a_node_and_replicates_across_nodes(
+        tmp_path: Path, data_dir: Path, fsdp: dict[str, Any]) -> None:  # noqa: F811
+    """4 ranks as 2 nodes x 2: a (replicate, shard) mesh; each rank holds half the model; the
+    global batch (4 ranks x micro 1) and the losses match 2-rank FSDP (reduction order aside)."""
+    code, run_dir = run_trainer(tmp_path, data_dir, "hsdp", ranks=4, nodes=2, parallel={"dp": 4, "fsdp": True},
+                                model=MODEL, **(COMMON | {"micro_batch_size": 1, "max_steps": 6}))
+    _ok(code, run_dir)
+    result = _result(run_dir)
+    assert (result["layout"]["replicate"], result["layout"]["shard"]) == (2, 2)
+    assert result["layout"]["params_on_rank0"] <= result["n_params"] * 0.52
+    got = step_losses(run_dir)
+    assert sorted(got) == list(range(1, 7))
+    for step in range(1, 5):  # the first three updates use the same learning rates as the 20-step run
+        assert got[step] == pytest.approx(fsdp["losses"][step], abs=1e-6), step

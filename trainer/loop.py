@@ -142,7 +142,7 @@ class Trainer:
         # as Accelerator itself decides).
         processes = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
         self.topo = topo = Topology.from_layout(spec.parallel_layout(), processes.num_processes,
-                                                processes.process_index)
+                                                processes.process_index, spec.resource.nodes)
         self.accelerator = acc = make_accelerator(precision, topo)
         self.rank, self.world = acc.process_index, acc.num_processes
         self.dp = topo.dp  # data-parallel replicas: ranks of one tensor-parallel group read the same rows
@@ -464,6 +464,7 @@ class Trainer:
             total_steps=self.total_steps, n_params=self.n_params, flops_per_token=self.flops_per_token,
             alerts=self.alerts.count, wall_s=time.time() - self.t_start)
         result["layout"] = {"dp": self.dp, "tp": self.topo.tp, "fsdp": self.topo.fsdp, "sharded": self.topo.sharded,
+                            "replicate": self.topo.replicate, "shard": self.topo.shard,
                             "params_on_rank0": self.local_params}
         self.alerts.drain_to_sink()
         if self.is_main:

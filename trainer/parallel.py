@@ -49,6 +49,13 @@ class Topology:
     dp: int
     tp: int
     fsdp: bool
+    replicate: int = 1
+    """HSDP: FSDP shards inside each of `replicate` groups (one per node) and replicates across them."""
+
+    @property
+    def shard(self) -> int:
+        """Ranks one FSDP group shards the parameters over."""
+        return self.dp // self.replicate if self.fsdp else 1
 
     @property
     def sharded(self) -> bool:
@@ -63,7 +70,7 @@ class Topology:
         return self.rank % self.tp
 
     @staticmethod
-    def from_layout(layout: ParallelLayout, world: int, rank: int) -> Topology:
+    def from_layout(layout: ParallelLayout, world: int, rank: int, nodes: int = 1) -> Topology:
         if layout.pp > 1:
             raise TrainingError(f"parallel.pp={layout.pp}: pipeline parallelism is not executable by this "
                                 "trainer (validation/capability.py); set pp: 1")
@@ -72,7 +79,10 @@ class Topology:
             raise TrainingError(f"parallel.tp={tp} does not divide the {world} processes")
         # TP with several data-parallel replicas shards them with FSDP too (2-D mesh): same
         # numerics as replication, less memory, one code path.
-        return Topology(world=world, rank=rank, dp=world // tp, tp=tp, fsdp=layout.fsdp or tp > 1)
+        dp, fsdp = world // tp, layout.fsdp or tp > 1
+        # Several nodes: shard inside a node (fast links), replicate across nodes (HSDP).
+        replicate = nodes if fsdp and tp == 1 and nodes > 1 and dp % nodes == 0 and dp > nodes else 1
+        return Topology(world=world, rank=rank, dp=dp, tp=tp, fsdp=fsdp, replicate=replicate)
 
 
 def make_accelerator(precision: str, topo: Topology) -> Accelerator:
@@ -97,8 +107,11 @@ def make_accelerator(precision: str, topo: Topology) -> Accelerator:
 
 
 def make_mesh(topo: Topology, device_type: str) -> DeviceMesh:
+    """(dp, tp); with HSDP (replicate, shard) -- both data-parallel, ranks of a node adjacent."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    if topo.replicate > 1:
+        return init_device_mesh(device_type, (topo.replicate, topo.shard), mesh_dim_names=("replicate", "shard"))
     return init_device_mesh(device_type, (topo.dp, topo.tp), mesh_dim_names=("dp", "tp"))
 
 
@@ -156,7 +169,8 @@ def build_model(spec: ExperimentSpec, topo: Topology, device: torch.device, seed
                                     f"not {m.model_type}; set parallel.tp: 1")
             _tp_plan(model, mesh["tp"])
         policy = mixed_precision_policy(spec.train.precision, spec.parallel_layout().reduce_dtype)
-        kw: dict[str, Any] = {"mesh": mesh["dp"], "mp_policy": policy}
+        # A 2-D (replicate, shard) mesh makes fully_shard hybrid (HSDP).
+        kw: dict[str, Any] = {"mesh": mesh if topo.replicate > 1 else mesh["dp"], "mp_policy": policy}
         for layer in _decoder_layers(model):
             fully_shard(layer, **kw)
         embed, head = model.get_input_embeddings(), model.get_output_embeddings()
@@ -269,11 +283,11 @@ def assert_sharded(model: torch.nn.Module, topo: Topology) -> tuple[int, int]:
         raise TrainingError("parallel layout asks for FSDP/TP but the model was wrapped in DDP (accelerate fell "
                             "back to data parallelism); refusing to train an unsharded model")
     local, total = local_and_total_params(model)
-    degree = (topo.dp if topo.fsdp else 1) * topo.tp
+    degree = topo.shard * topo.tp
     # Small tensors (norms, biases) are chunked with padding and, under TP without FSDP,
     # embeddings stay replicated: allow that, but never a full copy.
-    upper = total / (topo.dp if topo.fsdp else 1) * 1.02 + 64 * topo.world
+    upper = total / topo.shard * 1.02 + 64 * topo.world
     if local > upper or (degree > 1 and local >= total):
         raise TrainingError(f"model is not sharded: this rank holds {local} of {total} parameters, expected about "
-                            f"{total // degree} (dp={topo.dp} fsdp={topo.fsdp} tp={topo.tp}); refusing to train")
+                            f"{total // degree} (dp={topo.dp} fsdp={topo.fsdp} shard={topo.shard} tp={topo.tp}); refusing to train")
     return local, total
