@@ -207,3 +207,28 @@ def test_sigterm_to_the_launcher_group_relaunch_waits_for_the_checkpoint(tmp_pat
     assert done["resumed_from"].endswith(f"step_{step:06d}")  # not an older one: it waited for it
     assert _losses(job.run_dir) == reference_losses
     _assert_each_point_once(job.run_dir)
+
+
+def test_an_immediate_relaunch_waits_for_the_old_attempt_to_exit(tmp_path):
+    job = _job(tmp_path, max_steps=3000, checkpoint_interval=3000, eval_interval=3000)
+    first = get_launcher("local")
+    handle = first.submit(job)
+    pids = _rank_pids(job.run_dir)
+    wait_until(lambda: len(_losses(job.run_dir)) >= 5, "the first steps")
+    os.killpg(int(handle.job_id), signal.SIGTERM)  # the old attempt starts its SIGTERM checkpoint...
+    # ...and a relaunch is submitted at once, by another launcher (as after a crash of the pipeline).
+    second = get_launcher("local")
+    relaunch = second.submit(replace(job, wait_previous_s=GRACE_S + 30))
+    try:
+        assert _pids_alive(pids) == [], "submit returned while the old ranks were alive"
+        log = (job.run_dir / "logs" / "launcher.log").read_text()
+        assert "waiting up to" in log and "for the previous attempt to exit" in log
+        saved = sorted((job.run_dir / "checkpoints").glob("step_*/MANIFEST.json"))
+        assert saved, "the old attempt's SIGTERM checkpoint must be complete before the relaunch starts"
+        step = int(saved[-1].parent.name.split("_")[1])
+        wait_until(lambda: f"resumed from {saved[-1].parent}" in (job.run_dir / "logs" / "rank0.log").read_text(),
+                   "the relaunch to resume")
+        assert max(_losses(job.run_dir)) >= step
+    finally:
+        second.cancel(relaunch)
+    _assert_each_point_once(job.run_dir)
