@@ -178,14 +178,19 @@ def test_truncated_shard_is_skipped_with_an_alert_naming_it(
     assert "truncated" in skipped[0]["message"]
 
 
-@pytest.mark.integration
-def test_tensor_parallel_two_matches_one_process(
-        tmp_path: Path, data_dir: Path, single: dict[str, Any]) -> None:  # noqa: F811
-    """TP=2 (dp 1: FSDP x TP = 1 x 2) vs one process: q/k/v/gate/up column-wise, o/down row-wise."""
-    code, run_dir = run_trainer(tmp_path, data_dir, "tp", ranks=2, parallel={"dp": 1, "tp": 2}, model=MODEL,
-                                **(COMMON | {"micro_batch_size": 4}))
+@pytest.fixture(scope="module")
+def tp(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> dict[str, Any]:  # noqa: F811
+    code, run_dir = run_trainer(tmp_path_factory.mktemp("tp"), data_dir, "tp", ranks=2, parallel={"dp": 1, "tp": 2},
+                                model=MODEL, **(COMMON | {"micro_batch_size": 4}))
     _ok(code, run_dir)
-    got = step_losses(run_dir)
+    return {"run_dir": run_dir, "losses": step_losses(run_dir)}
+
+
+@pytest.mark.integration
+def test_tensor_parallel_two_matches_one_process(tp: dict[str, Any], single: dict[str, Any]) -> None:
+    """TP=2 (dp 1: FSDP x TP = 1 x 2) vs one process: q/k/v/gate/up column-wise, o/down row-wise."""
+    run_dir = tp["run_dir"]
+    got = tp["losses"]
     assert sorted(got) == list(range(1, STEPS + 1))
     for step, loss in single["losses"].items():
         assert got[step] == pytest.approx(loss, abs=1e-5), step
@@ -277,4 +282,35 @@ def test_hsdp_shards_inside_a_node_and_replicates_across_nodes(
     got = step_losses(run_dir)
     assert sorted(got) == list(range(1, 7))
     for step in range(1, 5):  # the first three updates use the same learning rates as the 20-step run
+        assert got[step] == pytest.approx(fsdp["losses"][step], abs=1e-6), step
+
+
+@pytest.mark.integration
+def test_tensor_parallel_checkpoint_resumes_on_one_process(
+        tmp_path: Path, data_dir: Path, tp: dict[str, Any]) -> None:  # noqa: F811
+    """TP degree 2 -> 1: the column/row-wise shards are reassembled by DCP."""
+    run_dir = tmp_path / "tp-to-one"
+    _resume_copy(tp["run_dir"], run_dir, 10)
+    code, _ = train_here(tmp_path, data_dir, "tp-to-one", run_dir=run_dir, model=MODEL,
+                         **(COMMON | {"micro_batch_size": 4}))
+    _ok(code, run_dir)
+    got = step_losses(run_dir)
+    assert sorted(got) == list(range(11, STEPS + 1))
+    for step in got:
+        assert got[step] == pytest.approx(tp["losses"][step], abs=1e-6), step
+
+
+@pytest.mark.integration
+def test_fsdp_checkpoint_resumes_under_ddp(tmp_path: Path, data_dir: Path, fsdp: dict[str, Any]) -> None:  # noqa: F811
+    """FSDP -> DDP on the same two ranks: every replica loads the whole model from the shards."""
+    run_dir = tmp_path / "fsdp-to-ddp"
+    _resume_copy(fsdp["run_dir"], run_dir, 15)
+    code, _ = run_trainer(tmp_path, data_dir, "fsdp-to-ddp", ranks=2, run_dir=run_dir, model=MODEL, **COMMON)
+    _ok(code, run_dir)
+    result = _result(run_dir)
+    assert not result["layout"]["sharded"] and result["resumed_from"].endswith("step_000015")
+    assert result["param_checksums"][0] == result["param_checksums"][1]
+    got = step_losses(run_dir)
+    assert sorted(got) == list(range(16, STEPS + 1))
+    for step in got:
         assert got[step] == pytest.approx(fsdp["losses"][step], abs=1e-6), step
