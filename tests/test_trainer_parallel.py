@@ -314,3 +314,22 @@ def test_fsdp_checkpoint_resumes_under_ddp(tmp_path: Path, data_dir: Path, fsdp:
     assert sorted(got) == list(range(16, STEPS + 1))
     for step in got:
         assert got[step] == pytest.approx(fsdp["losses"][step], abs=1e-6), step
+
+
+@pytest.mark.integration
+def test_async_sharded_checkpoints_validate_and_do_not_change_training(
+        tmp_path: Path, data_dir: Path, fsdp: dict[str, Any]) -> None:  # noqa: F811
+    """`async_checkpoint` under FSDP: shards staged to CPU, written by a background thread over
+    its own process group, validated and published at the next save; the stall is recorded."""
+    from trainer.checkpoint import list_checkpoints, verify_checkpoint
+
+    code, run_dir = run_trainer(tmp_path, data_dir, "async", ranks=2, parallel=FSDP, model=MODEL,
+                                **(COMMON | {"async_checkpoint": True}))
+    _ok(code, run_dir)
+    assert step_losses(run_dir) == fsdp["losses"]  # bitwise: saving in the background changes nothing
+    result = _result(run_dir)
+    assert result["checkpoint"]["mode"] == "async" and result["checkpoint"]["saves"] == 4
+    assert result["checkpoint"]["stall_s_median"] is not None
+    saved = list_checkpoints(run_dir / "checkpoints")
+    assert [s for s, _ in saved] == [20, 15, 10, 5] and all(verify_checkpoint(p) is None for _, p in saved)
+    assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".tmp")]

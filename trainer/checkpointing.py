@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -130,6 +131,11 @@ class CheckpointGlue:
                  "async" if self.spec.train.async_checkpoint else "sync")
         return stall
 
+    def wait_local(self) -> None:
+        """Finish this process's background write without any collective (before a test's SIGKILL)."""
+        if self.is_main:
+            self.writer.wait()
+
     def wait(self) -> list[float]:
         """Finish a background write (rank 0); seconds each successful write took."""
         if self.is_main:
@@ -213,11 +219,26 @@ class ShardedCheckpointGlue(CheckpointGlue):
     """FSDP / TP: every rank writes its own shard with torch.distributed.checkpoint.
 
     Same rules as the one-process format: a temporary directory, validated (each rank reads
-    its part back and compares it with its live shard: nothing is gathered), a MANIFEST.json
+    its part back and compares it with what it saved: nothing is gathered), a MANIFEST.json
     with the sha256 of every file (each rank hashes what it wrote; rank 0 writes the
-    manifest), then an atomic rename. Saves are synchronous: `async_checkpoint` applies to
-    the one-process format only (the stall is measured either way).
+    manifest), then an atomic rename.
+
+    `async_checkpoint`: training waits only while every rank copies its shards to CPU memory;
+    a background thread writes them (DCP over a process group of its own, so its collectives
+    never interleave with training's); the save is validated and renamed into place at the
+    next save or `wait()` (end of run, rollback, preemption), which all ranks reach together.
+    A process killed before that leaves a temporary directory: never a checkpoint.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._pending: tuple[int, Path, dict[str, Any], threading.Thread, float] | None = None
+        self._bg_error: str | None = None
+        self._group: Any = None
+        if self.spec.train.async_checkpoint:
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")  # collective: every rank builds its glue here
 
     def probe_logits(self, model: torch.nn.Module) -> torch.Tensor:  # pragma: no cover - not used sharded
         raise NotImplementedError("sharded checkpoints are validated by a shard round trip")
@@ -230,6 +251,7 @@ class ShardedCheckpointGlue(CheckpointGlue):
         from trainer import dcp
 
         t0 = time.perf_counter()
+        self._complete_pending()  # publishing the previous background save is part of this stall
         step = state.step
         tmp = ckpt.tmp_dir_for(self.root, step)
         if self.is_main:
@@ -238,15 +260,68 @@ class ShardedCheckpointGlue(CheckpointGlue):
         self.comm.barrier()
         reason: str | None = None
         try:
-            dcp.save(tmp, self.raw_model, self.optimizer)
             ckpt.write_rank_rng(self.root, step, self.rank)
             if self.is_main:
                 torch.save({"scheduler": self.scheduler.state_dict()}, tmp / "scheduler.pt")
                 (tmp / ckpt.TRAIN_STATE).write_text(json.dumps(state.to_json() | {"saved_unix": time.time()},
                                                                indent=2, sort_keys=True))
-            reason = dcp.verify_roundtrip(tmp, self.raw_model)
+            if self._group is not None:
+                staged = dcp.staged_copy(self.raw_model, self.optimizer)
+                self._bg_error = None
+                thread = threading.Thread(target=self._write_in_background, args=(tmp, staged),
+                                          name="checkpoint-writer", daemon=True)
+                thread.start()
+                self._pending = (step, tmp, staged, thread, t0)
+                return self._stalled(step, t0)
+            dcp.save(tmp, self.raw_model, self.optimizer)
+            reason = dcp.verify_roundtrip(tmp, dcp.live_model_state(self.raw_model))
         except Exception as exc:  # noqa: BLE001 - disk full, quota: reported, previous state intact
             reason = f"not written: {exc}"
+        self._complete(step, tmp, reason, t0)
+        return self._stalled(step, t0)
+
+    def _stalled(self, step: int, t0: float) -> float:
+        stall = time.perf_counter() - t0
+        self.stalls.append(stall)
+        log.info("checkpoint step %d (sharded, %d ranks, %s): training stalled %.3fs", step, self.comm.world,
+                 "async" if self._group is not None else "sync", stall)
+        return stall
+
+    def _write_in_background(self, tmp: Path, staged: dict[str, Any]) -> None:
+        import torch.distributed.checkpoint as dist_cp
+
+        try:
+            dist_cp.save(staged, checkpoint_id=str(tmp), process_group=self._group)
+        except Exception as exc:  # noqa: BLE001 - reported when the save is completed
+            self._bg_error = f"not written: {exc}"
+
+    def wait_local(self) -> None:
+        if self._pending is not None:
+            self._pending[3].join()
+
+    def wait(self) -> list[float]:
+        self._complete_pending()
+        return super().wait()
+
+    def _complete_pending(self) -> None:
+        """Collective: validate and publish the background save (every rank calls this together)."""
+        if self._pending is None:
+            return
+        from trainer import dcp
+
+        step, tmp, staged, thread, t0 = self._pending
+        self._pending = None
+        thread.join()
+        reason = self._bg_error
+        if reason is None:
+            try:
+                reason = dcp.verify_roundtrip(tmp, staged["model"])
+            except Exception as exc:  # noqa: BLE001
+                reason = f"not readable: {exc}"
+        self._complete(step, tmp, reason, t0)
+
+    def _complete(self, step: int, tmp: Path, reason: str | None, t0: float) -> None:
+        """Collective: every rank hashes its files; rank 0 writes the manifest and renames."""
         self.comm.barrier()  # every rank's files are complete before anyone hashes
         files: dict[str, dict[str, Any]] = {}
         if reason is None:
@@ -260,10 +335,6 @@ class ShardedCheckpointGlue(CheckpointGlue):
         if self.is_main:
             self._finalise(step, tmp, [r for r in reasons if r], all_files, time.perf_counter() - t0)
         self.comm.barrier()
-        stall = time.perf_counter() - t0
-        self.stalls.append(stall)
-        log.info("checkpoint step %d (sharded, %d ranks): training stalled %.3fs", step, self.comm.world, stall)
-        return stall
 
     def _finalise(self, step: int, tmp: Path, problems: list[str], all_files: list[dict[str, dict[str, Any]]],
                   seconds: float) -> None:

@@ -54,15 +54,29 @@ def load(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
     set_state_dict(model, _optimizer(optimizer), model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
-def verify_roundtrip(directory: Path, model: torch.nn.Module) -> str | None:
-    """Collective: read this rank's part of the weights back and compare bitwise with the live
-    shards. No rank ever holds more than its own shard twice."""
+def live_model_state(model: torch.nn.Module) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model)  # type: ignore[no-any-return]
+
+
+def staged_copy(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+    """This rank's model + optimizer shards copied to CPU memory (what an async save writes
+    while training goes on). DCP's own staging helpers: they keep DTensor sharding."""
+    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+    model_sd, optim_sd = state_dicts(model, optimizer)
+    live = {"model": model_sd, "optim": optim_sd}
+    return _copy_state_dict(live, _create_cpu_state_dict(live))  # type: ignore[no-any-return]
+
+
+def verify_roundtrip(directory: Path, live: dict[str, Any]) -> str | None:
+    """Collective: read this rank's part of the weights back and compare bitwise with `live`
+    (the model state dict that was saved). No rank ever holds more than its own shard twice."""
     import torch
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
     from torch.distributed.tensor import DTensor
 
-    live = get_model_state_dict(model)
     fresh = {k: torch.empty_like(v) for k, v in live.items()}
     try:
         dcp.load({"model": fresh}, checkpoint_id=str(directory))

@@ -316,8 +316,9 @@ class Trainer:
 
     def _faults_after_step(self) -> None:
         def flush_everything() -> None:
-            # Between checkpoints: a save still in flight finishes first, so the test knows which one survives.
-            self.ckpt.wait()
+            # Between checkpoints: a save still in flight finishes first, so the test knows which one survives
+            # (this process only: a collective here would wait for peers that are not killed).
+            self.ckpt.wait_local()
             self.sink.flush()
             for h in logging.getLogger("trainer").handlers:
                 h.flush()
