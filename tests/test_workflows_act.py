@@ -7,9 +7,15 @@ The asserts are on the emulator's end state (comments, their authors, state) and
 which jobs ran.
 
 Scenarios: PR with a valid experiment -> bundle -> workflow_run comment -> exactly one
-sticky comment; PR with an invalid experiment -> `::error file=...,line=...::` and a
-failure comment; `/train` from a writer (local launcher on the self-hosted label), from a
-reader, on a fork PR; `/cancel`; manual dispatch; merge -> push -> promotion.
+sticky comment; a stale bundle; PR with an invalid experiment -> `::error file=...,line=...::`
+and a failure comment; `/train` from a reader, on a fork PR; `/cancel`; a manual dispatch
+that trains on the self-hosted label (local launcher) while the pool is short, then the
+report job; merge -> push -> promotion. The heavy ones share one run of the PR checks.
+
+Not run under act: `ci.yml`, whose jobs are this test suite and lint themselves (running
+them here would recurse) and whose lock check needs the package index; and the
+per-job-token scenario (act gives every job the same token), which runs in
+tests/test_workflows_run.py.
 """
 
 from __future__ import annotations
