@@ -151,19 +151,7 @@ def test_pipeline_cancel_returns_when_no_rank_is_alive_and_the_rerun_resumes(tmp
     _assert_each_point_once(job.run_dir)
 
 
-def test_time_limit_returns_only_when_no_rank_is_alive(tmp_path):
-    job = _job(tmp_path, max_steps=3000, checkpoint_interval=3000, eval_interval=3000)
-    launcher = get_launcher("local")
-    handle = launcher.submit(job)
-    pids = _rank_pids(job.run_dir)
-    wait_until(lambda: len(_losses(job.run_dir)) >= 3, "the first steps")
-    limited = replace(handle, extra={**handle.extra, "time_limit_s": time.time() - handle.submitted_at})
-    state = launcher.wait(limited)
-    assert state.phase is Phase.TIMEOUT and "no rank alive" in state.detail, state
-    assert _pids_alive(pids) == [] and live_ranks(job.run_dir) == []
-
-
-def test_a_second_job_on_a_live_run_dir_is_refused(tmp_path):
+def test_a_second_job_on_a_live_run_dir_is_refused_and_the_time_limit_leaves_no_rank(tmp_path):
     job = _job(tmp_path, max_steps=3000, checkpoint_interval=3000, eval_interval=3000)
     launcher = get_launcher("local")
     handle = launcher.submit(job)
@@ -180,9 +168,15 @@ def test_a_second_job_on_a_live_run_dir_is_refused(tmp_path):
         assert out.returncode == RunDirBusy.exit_code, out.stderr[-2000:]
         assert f"run directory {job.run_dir} is in use: rank 0 of another job is alive (pid {pids[0]}" in out.stderr
         assert "Traceback" not in out.stderr
+        # The time limit (here: already reached) returns only once no rank is alive, and says so.
+        wait_until(lambda: len(_losses(job.run_dir)) >= 3, "the first steps")
+        limited = replace(handle, extra={**handle.extra, "time_limit_s": time.time() - handle.submitted_at})
+        state = launcher.wait(limited)
+        assert state.phase is Phase.TIMEOUT and "no rank alive" in state.detail, state
+        assert _pids_alive(pids) == [] and live_ranks(job.run_dir) == []
     finally:
-        launcher.cancel(handle)
-    assert _pids_alive(pids) == []
+        if live_ranks(job.run_dir):
+            launcher.cancel(handle)
 
 
 def test_sigterm_to_the_launcher_group_relaunch_waits_for_the_checkpoint(tmp_path, reference_losses):
