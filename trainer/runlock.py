@@ -126,7 +126,7 @@ def live_ranks(run_dir: Path, ranks: range | None = None) -> list[dict[str, Any]
     The probe takes a shared lock for an instant; a rank starting at that very moment
     retries (`ACQUIRE_WAIT_S`), so probing never refuses a job.
     """
-    out = []
+    out: list[dict[str, Any]] = []
     folder = Path(run_dir) / LOCK_DIR
     if not folder.is_dir():
         return out

@@ -203,9 +203,15 @@ class Detached(PipelineError):
 
 
 class _Check(Protocol):
-    section: str
-    name: str
-    message: str
+    # Read-only (properties): `pipelines.doctor.Check` is a frozen dataclass.
+    @property
+    def section(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def message(self) -> str: ...
 
 
 class _Report(Protocol):

@@ -151,7 +151,7 @@ def _run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess[str]
 
 def parse_scontrol(text: str) -> dict[str, str]:
     """`scontrol show job -o` output -> its key=value fields (values have no spaces except Command)."""
-    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", text))
+    return {m[1]: m[2] for m in re.finditer(r"(\w+)=(\S*)", text)}
 
 
 def state_from_fields(fields: dict[str, str], result_status: str | None, cancelled: bool) -> JobState:
