@@ -53,14 +53,14 @@ def test_a_window_of_steps_is_read_with_one_transfer_and_equals_the_per_step_rea
     assert len(window) == 5
     got = window.read()
     assert len(window) == 0 and window.read() == []
-    assert [s for s, _, _ in got] == [1, 2, 3, 4, 5]
-    assert [(loss, norm) for _, loss, norm in got] == [(float(a), float(b)) for a, b in eager]  # bitwise
+    assert [s for s, _, _, _ in got] == [1, 2, 3, 4, 5]
+    assert [(loss, norm) for _, loss, norm, _ in got] == [(float(a), float(b)) for a, b in eager]  # bitwise
 
 
 def test_ranks_losses_are_summed_before_the_single_read():
     window = DeviceScalars(all_reduce_sum=lambda t: t.mul_(2))  # two ranks with equal shares
-    window.add(7, torch.tensor(0.25), torch.tensor(3.0))
-    assert window.read() == [(7, 0.5, 3.0)]
+    window.add(7, torch.tensor(0.25), torch.tensor(3.0), host=123.0)
+    assert window.read() == [(7, 0.5, 3.0, 123.0)]
 
 
 def test_fused_adamw_skips_a_nonfinite_step_on_the_device_and_takes_a_finite_one():
@@ -101,3 +101,52 @@ def test_build_optimizer_uses_the_fused_kernel_on_cpu():
     opt = build_optimizer(torch.nn.Linear(4, 4), train)
     assert implementation(opt) == "fused"
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+
+
+def _run_tiny(tmp: Any, log_interval: int) -> tuple[dict[int, float], dict[int, float]]:
+    """tests/test_trainer_golden.py's tiny run with another log interval: (per-step losses from
+    the rank-0 log, train/loss from metrics.jsonl)."""
+    import json
+    import os
+    import re
+
+    import test_trainer_golden as golden
+
+    from trainer.entry import main
+    from validation.data import prepare_data
+    from validation.spec import DataSpec
+
+    corpus = golden._write_corpus(tmp / "corpus")
+    spec = golden.tiny_spec(corpus)
+    spec["train"]["log_interval"] = log_interval
+    os.environ["PIPELINE_DATA_ROOTS"] = str(tmp / "corpus")
+    prepared = prepare_data(DataSpec.model_validate(spec["data"]), golden.REPO, tmp / "cache", progress=False)
+    run_dir = tmp / "run"
+    run_dir.mkdir()
+    (run_dir / "spec.resolved.json").write_text(json.dumps(spec))
+    code = main(["--spec", str(run_dir / "spec.resolved.json"), "--run-dir", str(run_dir),
+                 "--data-dir", str(prepared.path), "--tracking-uri", "none"])
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert code == 0, log[-3000:]
+    per_step = {int(m[1]): float(m[2]) for m in re.finditer(r"step=(\d+) loss=([-+.\deEna]+) ", log)}
+    return per_step, golden.train_losses(run_dir)
+
+
+@pytest.mark.integration
+def test_deferred_reads_give_every_step_the_same_loss_as_per_step_reads(tmp_path: Any, monkeypatch: Any) -> None:
+    # The GPU path (loss and grad norm read once per log interval, a non-finite step skipped by the
+    # fused AdamW on the device) forced on the CPU, log interval 4: every step's loss still reaches
+    # the log and the detector, bitwise equal to the run that reads every step.
+    monkeypatch.setenv("PIPELINE_DATA_ROOTS", "")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        eager, eager_metrics = _run_tiny(tmp_path / "eager", 4)
+        monkeypatch.setenv("TRAINER_DEFER_STEP_METRICS", "1")
+        deferred, deferred_metrics = _run_tiny(tmp_path / "deferred", 4)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(eager) >= 8 and sorted(eager) == list(range(1, len(eager) + 1))
+    assert deferred == eager
+    assert deferred_metrics == eager_metrics and sorted(eager_metrics) == [s for s in eager if s % 4 == 0
+                                                                           or s == max(eager)]

@@ -47,6 +47,7 @@ from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallel import Topology, assert_sharded, build_model, make_accelerator, make_mesh
 from trainer.state import StepResult, TrainState
 from trainer.step import StepRunner, to_device
+from trainer.step_metrics import DeviceScalars
 from trainer.tracking import FanoutSink, JsonlMetrics, MetricSink, MlflowSink, NullSink
 from validation.errors import TrainingError
 from validation.flops import DevicePeak, device_peak, flops_per_token
@@ -200,6 +201,11 @@ class Trainer:
                          self.comm, self.rank, self._on_event, dp=self.dp)
         self.step_fn = StepRunner(acc, self.model, self.optimizer, self.scheduler, self.comm, self.faults,
                                   tr.grad_clip, dp=self.dp)
+        # On a GPU every host read of a device value waits for the device: loss and grad norm stay
+        # there and are read once per log interval (trainer/step_metrics.py). A CPU read is free,
+        # so CPU runs read every step (TRAINER_DEFER_STEP_METRICS=1 forces the GPU path, for tests).
+        self.step_fn.defer = self.device.type == "cuda" or os.environ.get("TRAINER_DEFER_STEP_METRICS") == "1"
+        self.pending = DeviceScalars(self._sum_loss_shares if self.world > 1 else None)
         # Sharded forwards are collectives: every rank evaluates every batch (same count of forwards).
         self.evaluate = Evaluator(spec, self.prepared, self.comm, self.rank, acc.autocast,
                                   lambda batch: to_device(batch, self.device), split=not topo.sharded)
@@ -355,23 +361,17 @@ class Trainer:
                 self.state.step = s + 1
                 self.state.tokens += self._tokens_per_step()
                 watchdog.beat()
-                self.step_losses.append((s + 1, res.loss))
-                log.info("step=%d loss=%r grad_norm=%r lr=%r", s + 1, res.loss, res.grad_norm,
-                         self.scheduler.get_last_lr()[0], extra={"per_step": True})
                 window.add(dt, self._tokens_per_step(), res.rows)
 
                 # monitor: alerts, and what the spike policy asks for
-                verdict = self.detector.observe(s + 1, res.loss, res.grad_norm,
-                                                self._tokens_per_step() / dt if dt > 0 and s > 2 else None)
-                for alert in verdict.alerts:
-                    self.alerts.emit(alert)
-                if verdict.action == "rollback":
+                verdict, at = self._monitor(s + 1, res, self._tokens_per_step() / dt if dt > 0 and s > 2 else None)
+                if verdict is not None and verdict.action == "rollback":
                     if not self.rollback(s):
-                        outcome = _stopped(verdict, s + 1, "rollback_failed")
+                        outcome = _stopped(verdict, at, "rollback_failed")
                         break
                     continue
-                if verdict.action == "stop":
-                    outcome = _stopped(verdict, s + 1)
+                if verdict is not None and verdict.action == "stop":
+                    outcome = _stopped(verdict, at)
                     break
 
                 if (s + 1) % tr.log_interval == 0 or s + 1 == self.total_steps:
@@ -406,6 +406,44 @@ class Trainer:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         return self._finish(outcome, last)
+
+    def _monitor(self, step: int, res: StepResult, tps: float | None) -> tuple[Any, int]:
+        """Per-step log line, `step_losses` and the anomaly detector for the steps readable now.
+
+        Reading every step: just `step`. Deferred reads (GPU): nothing until the window is due
+        (log interval, evaluation, checkpoint, SIGTERM, last step), then every step of it from
+        one transfer; alerts arrive up to log_interval steps late. Returns the first verdict that
+        asks for a rollback or stop (or the last one) and the step it was about.
+        """
+        if res.device is None:
+            observed = [(step, res.loss, res.grad_norm, tps)]
+        else:
+            self.pending.add(step, *res.device, host=tps)
+            tr = self.spec.train
+            due = (step % tr.log_interval == 0 or step % tr.eval_interval == 0 or step == self.total_steps
+                   or step % tr.checkpoint_interval == 0 or res.sigterm or self._sigterm)
+            if not due:
+                return None, step
+            observed = self.pending.read()
+            res.loss, res.grad_norm = observed[-1][1], observed[-1][2]
+        verdict: Any = None
+        for at, loss, grad_norm, step_tps in observed:
+            self.step_losses.append((at, loss))
+            log.info("step=%d loss=%r grad_norm=%r lr=%r", at, loss, grad_norm,
+                     self.scheduler.get_last_lr()[0], extra={"per_step": True})
+            verdict = self.detector.observe(at, loss, grad_norm, step_tps)
+            for alert in verdict.alerts:
+                self.alerts.emit(alert)
+            if verdict.action in ("rollback", "stop"):  # the rest of the window is moot
+                return verdict, at
+        return verdict, step
+
+    def _sum_loss_shares(self, losses: Any) -> None:
+        """Per-rank loss shares of a window -> the global loss per step (one all-reduce)."""
+        import torch.distributed as dist
+
+        dist.all_reduce(losses)
+        losses.div_(self.step_fn.replicas)
 
     def _start_record(self) -> None:
         if self.is_main:

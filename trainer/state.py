@@ -44,3 +44,6 @@ class StepResult:
     oom: bool = False
     sigterm: bool = False
     rows: dict[str, int] = field(default_factory=dict)
+    device: tuple[Any, Any] | None = None
+    """(loss, grad_norm) as unread 0-dim device tensors when the step defers its host reads
+    (`StepRunner.defer`); `loss`/`grad_norm` are NaN until the loop reads the window."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.collectives import Collectives
 from trainer.faults import FaultPlan
 from trainer.state import StepResult
+from trainer.step_metrics import skip_if_nonfinite
 
 if TYPE_CHECKING:
     import numpy as np
@@ -59,6 +60,9 @@ class StepRunner:
         # world-wide sums count each row tp times.
         self.dp = dp or comm.world
         self.replicas = comm.world // self.dp
+        # Leave loss and grad norm on the device (read once per log interval by the loop,
+        # trainer/step_metrics.py); set for CUDA, where every read waits for the device.
+        self.defer = False
 
     def __call__(self, s: int, batches: list[dict[str, Any]], sigterm: bool) -> StepResult:
         """Step `s` (0-based) over `batches` (one per micro-batch); `sigterm`: this rank saw one."""
@@ -104,6 +108,8 @@ class StepRunner:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+        if self.defer:
+            return self._finish_deferred(contributions, last, oom, sigterm, rows)
         local_loss = float(torch.stack(contributions).sum()) if contributions else 0.0
         loss_value, any_oom, any_term = self.comm.all_reduce([local_loss, float(oom), float(sigterm)])
         loss_value /= self.replicas
@@ -117,3 +123,26 @@ class StepRunner:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss_value, grad_norm, sigterm=any_term > 0, rows=rows)
+
+    def _finish_deferred(self, contributions: list[torch.Tensor], last: torch.Tensor | None, oom: bool,
+                         sigterm: bool, rows: dict[str, int]) -> StepResult:
+        """The same step without reading the loss or the grad norm on the host: only the host
+        flags cross ranks here; the loss (this rank's share) and the norm stay on the device."""
+        import torch
+
+        any_oom, any_term = self.comm.all_reduce([float(oom), float(sigterm)])
+        if any_oom or last is None:
+            self.optimizer.zero_grad(set_to_none=True)
+            return StepResult(float("nan"), float("nan"), oom=True, sigterm=any_term > 0)
+        loss_share = torch.stack(contributions).sum()
+        self.accelerator.backward(last * self.dp)
+        norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_norm)
+        norm = norm if isinstance(norm, torch.Tensor) else torch.tensor(float(norm))
+        if skip_if_nonfinite(self.optimizer, loss_share, norm):
+            self.optimizer.step()  # a non-finite step is skipped on the device
+        elif math.isfinite(float(loss_share)) and math.isfinite(float(norm)):  # no fused kernel: read
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        nan = float("nan")
+        return StepResult(nan, nan, sigterm=any_term > 0, rows=rows, device=(loss_share, norm))

@@ -33,20 +33,24 @@ class DeviceScalars:
         self._steps: list[int] = []
         self._loss: list[torch.Tensor] = []
         self._norm: list[torch.Tensor] = []
+        self._host: list[Any] = []
         self._all_reduce_sum = all_reduce_sum
         """In-place sum over ranks of the stacked per-rank loss shares (None on one process)."""
 
     def __len__(self) -> int:
         return len(self._steps)
 
-    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """Record step `step`'s (this rank's share of the) loss and the global grad norm; no read."""
+    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, host: Any = None) -> None:
+        """Record step `step`'s (this rank's share of the) loss and the global grad norm; no read.
+
+        `host`: anything already on the host that belongs to the step (handed back by `read`)."""
         self._steps.append(step)
+        self._host.append(host)
         self._loss.append(loss.detach().reshape(()).float())
         self._norm.append(grad_norm.detach().reshape(()).float())
 
-    def read(self) -> list[tuple[int, float, float]]:
-        """Every recorded step as (step, loss, grad_norm) floats, in order; empties the window.
+    def read(self) -> list[tuple[int, float, float, Any]]:
+        """Every recorded step as (step, loss, grad_norm, host) in order; empties the window.
 
         The only host synchronisation: one `.tolist()` of a [2, k] tensor.
         """
@@ -58,8 +62,8 @@ class DeviceScalars:
         if self._all_reduce_sum is not None:
             self._all_reduce_sum(losses)
         both = torch.stack([losses, torch.stack(self._norm)]).tolist()
-        out = list(zip(self._steps, both[0], both[1], strict=True))
-        self._steps, self._loss, self._norm = [], [], []
+        out = list(zip(self._steps, both[0], both[1], self._host, strict=True))
+        self._steps, self._loss, self._norm, self._host = [], [], [], []
         return out
 
 
