@@ -19,6 +19,7 @@ class Collectives:
     def __init__(self, world: int, device: torch.device | str = "cpu"):
         self.world = world
         self.device = device
+        self._host_group: Any = None
 
     def barrier(self) -> None:
         if self.world > 1:
@@ -33,8 +34,15 @@ class Collectives:
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
+        # Host values (token counts, flags) over gloo on CPU tensors: on GPUs an NCCL all-reduce
+        # of a device tensor plus the read back would wait for all queued device work each step.
+        group = None
+        if str(self.device).startswith("cuda"):
+            if self._host_group is None:  # every rank reaches its first all_reduce in the same order
+                self._host_group = dist.new_group(backend="gloo")
+            group = self._host_group
+        t = torch.tensor(values, dtype=torch.float64, device="cpu" if group is not None else self.device)
+        dist.all_reduce(t, group=group)
         return [float(v) for v in t.tolist()]
 
     def broadcast(self, obj: T) -> T:
