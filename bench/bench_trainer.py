@@ -83,6 +83,17 @@ def windowed(done_at: list[float], tokens_per_step: float) -> float:
     return (len(done_at) - 1 - WARMUP) * tokens_per_step / (done_at[-1] - done_at[WARMUP])
 
 
+def steady(done_at: list[float], cpu_at: list[float], tokens_per_step: float) -> dict[str, float]:
+    """Tokens per median step interval (wall and CPU) after the warm-up: the loop's steady rate,
+    without the occasional long step (a checkpoint, a log flush, a neighbour's burst), which the
+    windowed figure includes. The same estimator for every system."""
+    def rate(stamps: list[float]) -> float:
+        gaps = [b - a for a, b in zip(stamps[WARMUP:], stamps[WARMUP + 1:], strict=False)]
+        return tokens_per_step / statistics.median(gaps) if gaps else float("nan")
+
+    return {"steady_tokens_per_s": rate(done_at), "steady_tokens_per_cpu_s": rate(cpu_at)}
+
+
 def per_cpu_second(cpu_at: list[float], tokens_per_step: float) -> float:
     """Tokens per CPU-second of this process (all its threads): on a machine shared with other
     jobs, wall time measures the neighbours as much as the code; CPU time far less."""
@@ -124,7 +135,8 @@ def run_bare(prepared: Any, precision: str, steps: int) -> dict[str, float]:
         opt.zero_grad(set_to_none=True)
         done_at.append(time.perf_counter())
         cpu_at.append(time.process_time())
-    return {"tokens_per_s": windowed(done_at, SEQ * MICRO), "tokens_per_cpu_s": per_cpu_second(cpu_at, SEQ * MICRO)}
+    return {"tokens_per_s": windowed(done_at, SEQ * MICRO), "tokens_per_cpu_s": per_cpu_second(cpu_at, SEQ * MICRO),
+            **steady(done_at, cpu_at, SEQ * MICRO)}
 
 
 class TimedSink:
@@ -182,6 +194,7 @@ def run_trainer(prepared: Any, precision: str, steps: int, work: Path, async_ckp
     return {
         "tokens_per_s": windowed(done, SEQ * MICRO),
         "tokens_per_cpu_s": per_cpu_second(cpu_at, SEQ * MICRO),
+        **steady(done[-len(cpu_at):], cpu_at, SEQ * MICRO),
         "mlflow_share": sink.seconds / (done[-1] - done[0]) if loop_s > 0 else float("nan"),
         "stall_s": statistics.median(stalls) if stalls else float("nan"),
     }
@@ -239,7 +252,8 @@ def run_hf(prepared: Any, precision: str, steps: int, work: Path) -> dict[str, f
     # HF shuffles with a RandomSampler; the rows are the same set, only the order differs.
     trainer.train()
     return {"tokens_per_s": windowed(clock.done_at, SEQ * MICRO),
-            "tokens_per_cpu_s": per_cpu_second(clock.cpu_at, SEQ * MICRO)}
+            "tokens_per_cpu_s": per_cpu_second(clock.cpu_at, SEQ * MICRO),
+            **steady(clock.done_at, clock.cpu_at, SEQ * MICRO)}
 
 
 def run_hf_padded(prepared: Any, precision: str, steps: int, work: Path) -> dict[str, float]:
@@ -384,16 +398,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for precision in args.precisions.split(","):
         p: dict[str, float] = {}
         for unit, field, pad_field in (("wall", "tokens_per_s", "useful_tokens_per_s"),
-                                       ("cpu", "tokens_per_cpu_s", "useful_tokens_per_cpu_s")):
+                                       ("cpu", "tokens_per_cpu_s", "useful_tokens_per_cpu_s"),
+                                       ("steady wall", "steady_tokens_per_s", ""),
+                                       ("steady cpu", "steady_tokens_per_cpu_s", "")):
             bare, ours, hf = (med(f"{sys_}/{precision}", field) for sys_ in ("bare", "trainer", "hf"))
-            hf_pad = med(f"hf-pad/{precision}", pad_field)
+            hf_pad = med(f"hf-pad/{precision}", pad_field) if pad_field else float("nan")
             p |= {
                 f"bare_{unit}": bare, f"trainer_{unit}": ours, f"hf_{unit}": hf,
                 f"trainer_vs_bare_{unit}": ours / bare, f"trainer_vs_hf_{unit}": ours / hf,
                 f"trainer_useful_{unit}": ours * packed_useful, f"hf_padded_useful_{unit}": hf_pad,
                 f"packing_vs_hf_padding_useful_{unit}": ours * packed_useful / hf_pad,
             }
-        for unit, field in (("wall", "tokens_per_s"), ("cpu", "tokens_per_cpu_s")):
+        for unit, field in (("wall", "tokens_per_s"), ("cpu", "tokens_per_cpu_s"),
+                            ("steady wall", "steady_tokens_per_s"), ("steady cpu", "steady_tokens_per_cpu_s")):
             # Noise: the same ratio within each repeat (systems run back to back), its spread over repeats.
             per_rep = [t[field] / b[field] for t, b in zip(raw.get(f"trainer/{precision}", []),
                                                          raw.get(f"bare/{precision}", []), strict=False)]
@@ -442,7 +459,7 @@ def append_results(f: dict[str, Any]) -> None:
         if precision not in f:
             continue
         p = f[precision]
-        for unit in ("cpu", "wall"):
+        for unit in ("cpu", "wall", "steady cpu", "steady wall"):
             lines.append(
                 f"| {precision} | {unit} | {p[f'bare_{unit}']:.0f} | {p[f'trainer_{unit}']:.0f} | {p[f'hf_{unit}']:.0f} | "
                 f"{p[f'trainer_vs_bare_{unit}']:.3f} | {p[f'trainer_vs_hf_{unit}']:.3f} | {p[f'trainer_useful_{unit}']:.0f} | "
@@ -453,9 +470,10 @@ def append_results(f: dict[str, Any]) -> None:
             continue
         p = f[precision]
         lines.append(
-            f"- {precision} noise: trainer/bare per repeat (wall) {p['trainer_vs_bare_wall_repeats']}, (cpu) "
-            f"{p['trainer_vs_bare_cpu_repeats']}; trainer/HF per repeat (wall) {p['trainer_vs_hf_wall_repeats']}, "
-            f"(cpu) {p['trainer_vs_hf_cpu_repeats']}.")
+            f"- {precision} noise, the ratio within each repeat: trainer/bare " + "; ".join(
+                f"{u} {p[f'trainer_vs_bare_{u}_repeats']}" for u in ("wall", "cpu", "steady wall", "steady cpu"))
+            + "; trainer/HF " + "; ".join(
+                f"{u} {p[f'trainer_vs_hf_{u}_repeats']}" for u in ("wall", "cpu", "steady wall", "steady cpu")) + ".")
         if "trainer_compile_wall" in p:
             lines.append(
                 f"- {precision} `train.compile: true` (one run, compile time excluded by the warm-up window): "
