@@ -177,8 +177,10 @@ def test_reader_is_refused_once_even_when_the_job_reruns(gh: GitHubEmulator) -> 
     host = PyGithubHost(emulator_config(gh))
     assert handle_event(event, host, bot_login=gh.bot_login).action == "refuse"
     assert handle_event(event, host, bot_login=gh.bot_login).action == "refuse"
-    # Another comment from the same stranger: still one reply on the PR, not one per comment.
+    # More comments from the same stranger, valid or not: still one reply on the PR, not one per comment.
     assert handle_event(_comment(n, "/train", author="frank", cid=4300), host, bot_login=gh.bot_login).action == "refuse"
+    assert handle_event(_comment(n, "/train $(id)", author="frank", cid=4301), host,
+                        bot_login=gh.bot_login).action == "refuse"
     replies = [c for c in gh.comments(REPO, n) if "<!-- gitops-train:refused=frank -->" in c["body"]]
     assert len(replies) == 1 and "@frank" in replies[0]["body"] and "write access" in replies[0]["body"]
     assert len([c for c in gh.comments(REPO, n) if c["user"]["login"] == gh.bot_login]) == 2  # sticky + reply

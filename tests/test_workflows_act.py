@@ -159,8 +159,8 @@ def tiny(tmp_path: Path) -> Iterator[Scene]:
 @pytest.mark.timeout(1500)
 def test_a_pull_request_from_checks_to_promotion(tiny: Scene) -> None:
     """The heavy scenarios, run once: PR checks -> bundle -> comment workflow; a stale
-    bundle; /train from a reader; /cancel; a manual dispatch trains on the self-hosted
-    label (local launcher) while the pool is short; the report; merge -> push -> promotion."""
+    bundle; /train from a reader; /train from a writer trains on the self-hosted label
+    (local launcher) while the pool is short; the report; merge -> push -> promotion."""
     scene, gh = tiny, tiny.gh
     checked, commented = scene.pr_checks()
     assert checked["check"].result == "success", checked.explain()
@@ -191,24 +191,19 @@ def test_a_pull_request_from_checks_to_promotion(tiny: Scene) -> None:
                             sha=scene.main_sha)
         assert run["authorize"].outputs.get("action") == "refuse", run.explain()
         assert run["train"].result == "skipped" and run["report"].result == "skipped", run.explain()
-    replies = [c for c in gh.comments(REPO_NAME, PR) if "gitops-train:refused=mallory" in c["body"]]
-    assert len(replies) == 1 and "write access" in replies[0]["body"]
+    replies = [c for c in gh.comments(REPO_NAME, PR) if c["user"]["login"] == gh.bot_login
+               and not c["body"].startswith("<!-- gitops-train:experiment=")]
+    assert len(replies) == 1 and "gitops-train:refused=mallory" in replies[0]["body"], replies
+    assert "write access" in replies[0]["body"]
 
-    # /cancel from a writer: the cancel job runs, nothing is launched.
-    run = scene.act.run("experiment-train.yml", "issue_comment", scene.comment("/cancel"), sha=scene.main_sha)
-    assert run["authorize"].outputs.get("action") == "cancel", run.explain()
-    assert run["cancel"].result == "success" and run["train"].result == "skipped", run.explain()
-
-    # A manual dispatch without `sha` (same-repository PR) trains the validated head.
+    # /train from a writer launches on the self-hosted label (local launcher) while the pool
+    # is short (the capacity job says so), then the report job posts the report.
     gh.add_runner(REPO_NAME, name="gpu-node-1", labels=["gpu", "cpu"], status="online", busy=True)
     scene.act.secrets["RUNNERS_READ_TOKEN"] = gh.token
     train_run_id = 777
-    gh.add_workflow_run(REPO_NAME, train_run_id, path=TRAIN_WORKFLOW, event="workflow_dispatch")
-    payload = {"ref": "refs/heads/main", "inputs": {"pr": str(PR), "command": "train", "experiment": scene.experiment},
-               "workflow": TRAIN_WORKFLOW, "sender": {"login": "maria", "type": "User"},
-               "repository": fixture("issue_comment")["repository"]}
-    run = scene.act.run("experiment-train.yml", "workflow_dispatch", payload, sha=scene.main_sha,
-                        run_id=train_run_id, timeout=1200)
+    gh.add_workflow_run(REPO_NAME, train_run_id, path=TRAIN_WORKFLOW, event="issue_comment")
+    run = scene.act.run("experiment-train.yml", "issue_comment", scene.comment(f"LGTM\n/train {scene.experiment}"),
+                        sha=scene.main_sha, run_id=train_run_id, timeout=1200)
     assert run["authorize"].outputs.get("launch") == "true", run.explain()
     assert run["authorize"].outputs.get("sha") == scene.head_sha
     assert run["capacity"].result == "success", run.explain()
@@ -282,3 +277,28 @@ def test_train_on_a_fork_pr_is_refused(scene: Scene) -> None:
     assert run["train"].result == "skipped"
     (reply,) = [c for c in scene.gh.comments(REPO_NAME, PR) if c["user"]["login"] == scene.gh.bot_login]
     assert "fork" in reply["body"]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_cancel_by_comment_and_by_manual_dispatch(scene: Scene) -> None:
+    run = scene.act.run("experiment-train.yml", "issue_comment", scene.comment("/cancel"), sha=scene.main_sha)
+    assert run["authorize"].outputs.get("action") == "cancel", run.explain()
+    assert run["cancel"].result == "success" and run["train"].result == "skipped", run.explain()
+    payload = {"ref": "refs/heads/main", "inputs": {"pr": str(PR), "command": "cancel"}, "workflow": TRAIN_WORKFLOW,
+               "sender": {"login": "maria", "type": "User"}, "repository": fixture("issue_comment")["repository"]}
+    run = scene.act.run("experiment-train.yml", "workflow_dispatch", payload, sha=scene.main_sha)
+    assert run["authorize"].outputs.get("action") == "cancel", run.explain()
+    assert run["cancel"].result == "success" and run["train"].result == "skipped", run.explain()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_manual_dispatch_without_sha_uses_the_head_of_a_same_repo_pr(scene: Scene) -> None:
+    payload = {"ref": "refs/heads/main", "inputs": {"pr": str(PR), "command": "train"}, "workflow": TRAIN_WORKFLOW,
+               "sender": {"login": "maria", "type": "User"}, "repository": fixture("issue_comment")["repository"]}
+    run = scene.act.run("experiment-train.yml", "workflow_dispatch", payload, sha=scene.main_sha)
+    # The head was taken as the commit to train (no "sha is not the head"); it is not validated yet.
+    assert run["authorize"].outputs.get("action") == "refuse", run.explain()
+    assert run["authorize"].outputs.get("reason") == "head not validated", run.explain()
+    assert run["train"].result == "skipped"

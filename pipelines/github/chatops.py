@@ -220,14 +220,15 @@ def decide(
     def refuse(reason: str, text: str) -> Decision:
         return Decision("refuse", reason, pr=n, reply=f"Hi {hi}, {text}\n\nNothing was started.")
 
-    if isinstance(command, InvalidCommand):
-        return refuse("invalid command", f"I could not read that `/{command.verb}` command: {command.reason}.")
+    # Permission first: a stranger gets the same single reply whatever they typed.
     if permission not in WRITE_ROLES:
         return refuse(
             "no write access",
             f"thanks for the interest! Only people with write access to this repository can use `/{command.verb}`. "
             "A maintainer will have a look and can start it.",
         )
+    if isinstance(command, InvalidCommand):
+        return refuse("invalid command", f"I could not read that `/{command.verb}` command: {command.reason}.")
     if pr.state != "open":
         return refuse("pull request not open", f"pull request #{n} is not open any more.")
     if pr.is_fork:
