@@ -49,7 +49,7 @@ from pipelines.github.client import (
     ReviewHost,
 )
 from pipelines.github.comment import StickyComment, parse_state
-from pipelines.github.events import CommentEvent, Event, PullRequestEvent, WorkflowDispatchEvent
+from pipelines.github.events import CommentEvent, Event, WorkflowDispatchEvent
 from validation.spec import NAME_PATTERN
 
 VERBS = ("train", "cancel", "retry")
@@ -271,10 +271,6 @@ def decide(
                     sha=pr.head_sha, pr=n, retry=command.verb == "retry")
 
 
-TRAIN_LABEL = "train"
-"""Applying this label to a pull request works like a `/train` comment."""
-
-
 class ChatOpsHost(CodeHost, ReviewHost, RepoContentHost, Protocol):
     """The PyGithub adapter implements all three."""
 
@@ -333,14 +329,9 @@ def handle_event(event: Event, host: ChatOpsHost, *, bot_login: str | None) -> D
             command = Command(verb, experiment)
         actor, number, sha, via_dispatch = event.sender, int(pr_text), inputs.get("sha", ""), True
         reply_key = None
-    elif isinstance(event, PullRequestEvent) and event.action == "labeled" and event.label == TRAIN_LABEL:
-        # The `train` label is a /train by whoever applied it (permission asked of the API;
-        # fork PRs are refused like their comments). The label is removed by nobody: a new
-        # push resets the validated SHA, so a stale label cannot launch anything.
-        command, actor, number, sha, via_dispatch = Command("train", None), event.sender, \
-            event.pull_request.number, None, False
-        reply_key = None
     else:
+        # No label trigger: a `pull_request` event runs the PR's own copy of the workflow
+        # (docs/operations.md); only comments and manual dispatches carry commands.
         return Decision("ignore", f"{event.name} events carry no commands")
 
     pr = host.pull_request(number)
