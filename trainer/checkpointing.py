@@ -70,7 +70,7 @@ class CheckpointGlue:
         was_training = model.training
         model.eval()
         with torch.no_grad(), self.accelerator.autocast():
-            out = model(input_ids=ids, position_ids=pos, use_cache=False).logits.float()
+            out: torch.Tensor = model(input_ids=ids, position_ids=pos, use_cache=False).logits.float()
         model.train(was_training)
         return out
 
@@ -83,7 +83,7 @@ class CheckpointGlue:
         with torch.random.fork_rng(devices=[]):  # random init must not move the training RNG
             from transformers import AutoModelForCausalLM
 
-            fresh = AutoModelForCausalLM.from_config(
+            fresh = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
                 hf_config(self.spec.model), attn_implementation=self.spec.model.attn_implementation)
         try:
             load_weights(fresh, directory)
@@ -288,10 +288,10 @@ class ShardedCheckpointGlue(CheckpointGlue):
         return stall
 
     def _write_in_background(self, tmp: Path, staged: dict[str, Any]) -> None:
-        import torch.distributed.checkpoint as dist_cp
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
         try:
-            dist_cp.save(staged, checkpoint_id=str(tmp), process_group=self._group)
+            dcp_save(staged, checkpoint_id=str(tmp), process_group=self._group)
         except Exception as exc:  # noqa: BLE001 - reported when the save is completed
             self._bg_error = f"not written: {exc}"
 

@@ -21,28 +21,29 @@ if TYPE_CHECKING:
 
 
 def _optimizer(opt: Any) -> torch.optim.Optimizer:
-    return getattr(opt, "optimizer", opt)  # accelerate's AcceleratedOptimizer wraps the torch one
+    inner: torch.optim.Optimizer = getattr(opt, "optimizer", opt)  # accelerate's AcceleratedOptimizer wraps it
+    return inner
 
 
 def state_dicts(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    return get_state_dict(model, _optimizer(optimizer))  # type: ignore[no-any-return]
+    return get_state_dict(model, _optimizer(optimizer))
 
 
 def save(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
     """Collective: every rank writes `__<rank>_0.distcp`; rank 0 also `.metadata`."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     model_sd, optim_sd = state_dicts(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
+    dcp_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
 
 
 def load(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
     """Load model and optimizer from a DCP checkpoint written by any layout (reshards)."""
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     model_sd, optim_sd = state_dicts(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
@@ -50,14 +51,14 @@ def load(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
     with warnings.catch_warnings():
         # One process without a process group is the intended 2 -> 1 resharding case, not a mistake.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(directory), no_dist=single)
+        dcp_load(state, checkpoint_id=str(directory), no_dist=single)
     set_state_dict(model, _optimizer(optimizer), model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 def live_model_state(model: torch.nn.Module) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model)  # type: ignore[no-any-return]
+    return get_model_state_dict(model)
 
 
 def staged_copy(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
@@ -67,24 +68,26 @@ def staged_copy(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
 
     model_sd, optim_sd = state_dicts(model, optimizer)
     live = {"model": model_sd, "optim": optim_sd}
-    return _copy_state_dict(live, _create_cpu_state_dict(live))  # type: ignore[no-any-return]
+    staged: dict[str, Any] = _copy_state_dict(live, _create_cpu_state_dict(live))
+    return staged
 
 
 def verify_roundtrip(directory: Path, live: dict[str, Any]) -> str | None:
     """Collective: read this rank's part of the weights back and compare bitwise with `live`
     (the model state dict that was saved). No rank ever holds more than its own shard twice."""
     import torch
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
     from torch.distributed.tensor import DTensor
 
     fresh = {k: torch.empty_like(v) for k, v in live.items()}
     try:
-        dcp.load({"model": fresh}, checkpoint_id=str(directory))
+        dcp_load({"model": fresh}, checkpoint_id=str(directory))
     except Exception as exc:  # noqa: BLE001 - any read failure makes the checkpoint invalid
         return f"shards do not load: {str(exc).splitlines()[0][:300]}"
     for key, value in live.items():
+        other = fresh[key]
         a = value.to_local() if isinstance(value, DTensor) else value
-        b = fresh[key].to_local() if isinstance(fresh[key], DTensor) else fresh[key]
+        b = other.to_local() if isinstance(other, DTensor) else other
         if not torch.equal(a, b):
             return f"{key} differs after reload"
     return None
@@ -95,7 +98,7 @@ _SAFETENSORS_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "f
 
 def model_tensors(directory: Path) -> dict[str, tuple[list[int], Any]]:
     """name -> (shape, torch dtype) of every model tensor in a DCP checkpoint (from `.metadata`)."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     meta = FileSystemReader(str(directory)).read_metadata()
@@ -109,12 +112,12 @@ def model_tensors(directory: Path) -> dict[str, tuple[list[int], Any]]:
 def read_tensor(directory: Path, name: str, shape: list[int], dtype: Any) -> torch.Tensor:
     """One full model tensor from the shards (no process group needed)."""
     import torch
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     tensor = torch.empty(shape, dtype=dtype)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({"model": {name: tensor}}, checkpoint_id=str(directory), no_dist=True)
+        dcp_load({"model": {name: tensor}}, checkpoint_id=str(directory), no_dist=True)
     return tensor
 
 

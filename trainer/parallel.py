@@ -154,7 +154,8 @@ def build_model(spec: ExperimentSpec, topo: Topology, device: torch.device, seed
 
     m = spec.model
     with init_empty_weights(include_buffers=False):  # parameters on meta, buffers (rotary) real
-        model = AutoModelForCausalLM.from_config(hf_config(m), attn_implementation=m.attn_implementation)
+        model: Any = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            hf_config(m), attn_implementation=m.attn_implementation)
     model.config.use_cache = False
     if spec.train.activation_checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})  # every decoder layer
@@ -196,7 +197,8 @@ def build_model(spec: ExperimentSpec, topo: Topology, device: torch.device, seed
         load_full_weights(model, init_from)
     else:
         init_parameters(model, seed)
-    return model
+    built: torch.nn.Module = model
+    return built
 
 
 def _init_full(model: torch.nn.Module, name: str, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
@@ -206,13 +208,14 @@ def _init_full(model: torch.nn.Module, name: str, shape: torch.Size, gen: torch.
     module = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
     leaf = name.rsplit(".", 1)[-1]
     kind = type(module).__name__
-    std = float(getattr(model.config, "initializer_range", 0.02) or 0.02)
+    config: Any = model.config
+    std = float(getattr(config, "initializer_range", 0.02) or 0.02)
     if "Norm" in kind or kind.startswith("LayerNorm"):
         return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
     if leaf == "bias":
         return torch.zeros(shape)
-    if model.config.model_type == "gpt2" and name.endswith("c_proj.weight"):
-        std /= math.sqrt(2 * model.config.n_layer)  # GPT-2's scaled residual projections
+    if config.model_type == "gpt2" and name.endswith("c_proj.weight"):
+        std /= math.sqrt(2 * config.n_layer)  # GPT-2's scaled residual projections
     out = torch.empty(shape).normal_(0.0, std, generator=gen)
     pad = getattr(module, "padding_idx", None)
     if kind == "Embedding" and pad is not None:
