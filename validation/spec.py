@@ -284,7 +284,7 @@ class TrainSpec(Section):
     eval_interval: Annotated[int, Field(ge=1, le=10**7)] = 100
     """Steps between evaluations on the held-out split."""
     eval_batches: Annotated[int, Field(ge=1, le=10**5)] = 8
-    """Batches per source per evaluation."""
+    """Units of 16 held-out rows per source per evaluation (a fixed eval set, independent of micro_batch_size)."""
     checkpoint_interval: Annotated[int, Field(ge=1, le=10**7)] = 100
     """Steps between checkpoints."""
     keep_last: Annotated[int, Field(ge=1, le=1000)] = 2
