@@ -463,7 +463,8 @@ def append_results(f: dict[str, Any]) -> None:
             lines.append(
                 f"| {precision} | {unit} | {p[f'bare_{unit}']:.0f} | {p[f'trainer_{unit}']:.0f} | {p[f'hf_{unit}']:.0f} | "
                 f"{p[f'trainer_vs_bare_{unit}']:.3f} | {p[f'trainer_vs_hf_{unit}']:.3f} | {p[f'trainer_useful_{unit}']:.0f} | "
-                f"{p[f'hf_padded_useful_{unit}']:.0f} | {p[f'packing_vs_hf_padding_useful_{unit}']:.2f}x |")
+                + (f"{p[f'hf_padded_useful_{unit}']:.0f} | {p[f'packing_vs_hf_padding_useful_{unit}']:.2f}x |"
+                   if p[f"hf_padded_useful_{unit}"] == p[f"hf_padded_useful_{unit}"] else "- | - |"))
     lines.append("")
     for precision in ("fp32", "bf16"):
         if precision not in f:
