@@ -334,3 +334,31 @@ def test_async_sharded_checkpoints_validate_and_do_not_change_training(
     saved = list_checkpoints(run_dir / "checkpoints")
     assert [s for s, _ in saved] == [20, 15, 10, 5] and all(verify_checkpoint(p) is None for _, p in saved)
     assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+
+
+@pytest.mark.unit
+def test_auto_layout_never_plans_tensor_parallelism_the_trainer_cannot_run() -> None:
+    """gpt2 has no tensor-parallel plan: a model too big for one GPU gets FSDP, not TP; llama may get TP."""
+    from validation.preflight import plan_parallel
+    from validation.spec import ExperimentSpec
+
+    def spec(model_type: str) -> ExperimentSpec:
+        return ExperimentSpec.model_validate({
+            "name": "big-model", "owner": "ml-platform",
+            "hypothesis": {"statement": "A much larger model lowers the held-out loss on the mixture.",
+                           "metric": "eval/loss", "direction": "decrease", "min_effect": 0.01, "baseline": "champion"},
+            "model": {"model_type": model_type, "hidden_size": 4096, "num_layers": 32, "num_heads": 32,
+                      "vocab_size": 32000},
+            "data": {"sources": [{"name": "code", "path": "data/demo/code.jsonl", "weight": 1.0}], "seq_len": 1024},
+            "train": {"max_steps": 10, "micro_batch_size": 1},
+            "resource": {"gpus_per_node": 8, "gpu_type": "h100", "gpu_memory_gb": 80},
+        })
+
+    from validation.capability import TRAINER
+    from validation.preflight import _candidates
+
+    tps = {m: {tp for _, tp, _, _ in _candidates(spec(m), 1, TRAINER)} for m in ("gpt2", "llama")}
+    assert tps["gpt2"] == {1} and max(tps["llama"]) > 1  # the search space itself
+    for model_type in ("gpt2", "llama"):
+        plan = plan_parallel(spec(model_type))
+        assert plan.fsdp or plan.tp > 1, model_type  # ~7B: 16 B/param does not fit 80 GB replicated

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 # Module attribute names of the tensor-parallel plan (HF llama / qwen2 / mistral layers).
 TP_COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 TP_ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
-TP_MODEL_TYPES = ("llama", "qwen2", "mistral")
+TP_MODEL_TYPES = ("llama", "qwen2", "mistral")  # = validation.capability.TRAINER.tp_model_types
 
 
 @dataclass(frozen=True)

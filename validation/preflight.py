@@ -451,7 +451,7 @@ def _candidates(
     heads, kv, layers = spec.model.num_heads, spec.model.kv_heads, spec.model.num_layers
     tps = [t for t in range(1, gpn + 1) if gpn % t == 0 and heads % t == 0 and kv % t == 0]
     pps = [p for p in range(1, layers + 1) if layers % p == 0]
-    tps = tps if "tp" in axes else [1]
+    tps = tps if "tp" in axes and capability.tp_supports(spec.model.model_type) else [1]
     pps = pps if "pp" in axes else [1]
     for pp in pps:
         for tp in tps:

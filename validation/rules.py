@@ -92,6 +92,8 @@ def layout_is_executable(
         return
     for axis, message in capability.refusals(spec.parallel, on_gpu=spec.resource.gpus_per_node > 0):
         yield Violation(("parallel", axis), message)
+    for axis, message in capability.model_refusals(spec.parallel, spec.model.model_type):
+        yield Violation(("parallel", axis), message)
 
 
 def layout_violations(spec: ExperimentSpec, capability: ExecutionCapability = TRAINER) -> list[Violation]:
