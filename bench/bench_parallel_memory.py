@@ -163,6 +163,25 @@ def clip_grad_norm(params: list[Any], max_norm: float) -> Any:
     return total
 
 
+def build_with_trainer(layout: str, micro: int, seq: int, world: int) -> Any:
+    """The trainer's own executor (trainer/parallel.py): what `python -m trainer` runs."""
+    import torch
+    import torch.distributed as dist
+
+    from trainer.parallel import Topology, make_mesh
+    from trainer.parallel import build_model as trainer_build_model
+
+    spec = bench_spec(layout, micro, seq, world)
+    topo = Topology.from_layout(spec.parallel_layout(), world, dist.get_rank())
+    mesh = make_mesh(topo, "cpu") if topo.sharded else None
+    model = trainer_build_model(spec, topo, torch.device("cpu"), seed=0, mesh=mesh)
+    if not topo.sharded:
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model), model  # accelerate's defaults (no bucket views)
+    return model, model
+
+
 def build(layout: str, micro: int, seq: int, world: int) -> Any:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
@@ -199,12 +218,14 @@ def build(layout: str, micro: int, seq: int, world: int) -> Any:
 
 
 def worker(args: argparse.Namespace) -> None:
+    import accelerate  # noqa: F401 - trainer/parallel.py imports it lazily
     import torch
     import torch.distributed as dist
     import torch.distributed.fsdp  # noqa: F401 - every module the run imports is part of the baseline
     import torch.distributed.tensor.parallel  # noqa: F401
     import transformers.models.llama.modeling_llama  # noqa: F401
 
+    import trainer.parallel  # noqa: F401
     from trainer.optim import build_optimizer
 
     dist.init_process_group("gloo")
@@ -212,7 +233,8 @@ def worker(args: argparse.Namespace) -> None:
     dist.barrier()
     baseline = rss_bytes()
 
-    wrapped, inner = build(args.layout, args.micro, args.seq, world)
+    builder = build_with_trainer if args.executor == "trainer" else build
+    wrapped, inner = builder(args.layout, args.micro, args.seq, world)
     local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in inner.parameters())
     spec = bench_spec(args.layout, args.micro, args.seq, world)
     opt = build_optimizer(inner, spec.train)
@@ -255,13 +277,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_layout(layout: str, steps: int, micro: int, seq: int) -> list[dict[str, Any]]:
+def run_layout(layout: str, steps: int, micro: int, seq: int, executor: str = "trainer") -> list[dict[str, Any]]:
     env = os.environ | {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536",
                         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            str(Path(__file__).resolve()), "--worker", "--layout", layout, "--steps", str(steps),
-           "--micro", str(micro), "--seq", str(seq)]
+           "--micro", str(micro), "--seq", str(seq), "--executor", executor]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -360,6 +382,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--micro", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--executor", choices=("trainer", "bench"), default="trainer",
+                        help="trainer: trainer/parallel.py builds the sharded model (what runs); "
+                             "bench: this script's own FSDP/TP functions")
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args(argv)
     if args.worker:
@@ -367,7 +392,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         return []
     rows = []
     for layout in args.layouts.split(","):
-        ranks = run_layout(layout, args.steps, args.micro, args.seq)
+        ranks = run_layout(layout, args.steps, args.micro, args.seq, args.executor)
         row = compare(layout, ranks, args.micro, args.seq)
         print(json.dumps(row), flush=True)
         rows.append(row)

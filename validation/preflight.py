@@ -99,6 +99,15 @@ LOGIT_BYTES_PER_ELEMENT = 8
 DDP_GRADIENT_BUCKET_COPIES = 1
 FSDP_PREFETCHED_LAYERS = 1
 
+# Tensor parallelism as the trainer executes it (trainer/parallel.py: Megatron column/row-wise
+# linears in the decoder layers only, no sequence parallelism, logits gathered on every rank):
+# the embedding and LM head are not split over tp (FSDP still shards them over dp); of
+# Korthikanti's 34 bytes per s*b*h, 10 stay replicated (norm inputs, residuals, dropout masks)
+# and 24 are split over tp (paper, Table 2, "tensor parallel" row); the logits are not split.
+# Measured: bench/bench_parallel_memory.py, FSDP+TP 1x2 (the old sequence-parallel assumption
+# was 0.66 of the measured peak).
+ACTIVATION_UNSPLIT_BY_TP = 10
+
 # CUDA context, NCCL buffers and allocator slack per GPU; interpreter, torch and gloo
 # buffers per CPU process.
 FRAMEWORK_OVERHEAD_BYTES_GPU = 1 * GIB
@@ -350,7 +359,9 @@ def estimate_memory(spec: ExperimentSpec, layout: ParallelLayout) -> MemoryEstim
     Parameter states: N x 16 bytes (see `STATE_BYTES`) divided by tp x pp (each device
     holds its slice of the model), and by dp too when FSDP shards everything (ZeRO-3).
     Wrapper: DDP's gradient buckets or FSDP's unsharded group (see `DDP_GRADIENT_BUCKET_COPIES`).
-    Activations: Korthikanti's per-layer bytes / tp (sequence parallelism assumed), times
+    Tensor parallelism splits the decoder layers' parameters and 24 of Korthikanti's 34 bytes
+    of activations, not the embeddings or logits (see `ACTIVATION_UNSPLIT_BY_TP`).
+    Activations: Korthikanti's per-layer bytes, times
     the layers of one pipeline stage, times the micro-batches a 1F1B schedule keeps in
     flight on the first stage, min(pp, grad_accum_steps) -- which is why pipelining
     alone does not shrink activations once there are >= pp micro-batches.
@@ -363,7 +374,12 @@ def _memory(spec: ExperimentSpec, dp: int, tp: int, pp: int, fsdp: bool, micro_b
     on_gpu = resource.gpus_per_node > 0
     state = STATE_BYTES[train.precision]
     sharding = tp * pp * (dp if fsdp else 1)
-    params_here = -(-model.parameter_count() // sharding)
+    embedding = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
+    if model.model_type == "gpt2":
+        embedding += model.max_position_embeddings * model.hidden_size
+    layers_total = model.parameter_count() - embedding
+    # tp splits the decoder layers only (see ACTIVATION_UNSPLIT_BY_TP); pp and FSDP split everything.
+    params_here = -(-(-(-layers_total // tp) + embedding) // (pp * (dp if fsdp else 1)))
 
     per_layer = activation_bytes_per_layer(
         spec.data.seq_len,
@@ -372,16 +388,18 @@ def _memory(spec: ExperimentSpec, dp: int, tp: int, pp: int, fsdp: bool, micro_b
         model.num_heads,
         store_attention_scores=ATTENTION_SCORES_STORED[model.attn_implementation],
     )
+    replicated = ACTIVATION_UNSPLIT_BY_TP * spec.data.seq_len * micro_batch * model.hidden_size if tp > 1 else 0
+    per_layer = replicated + -(-(per_layer - replicated) // tp)
     per_layer = per_layer * ACTIVATION_PRECISION_FACTOR[train.precision]
     in_flight = min(pp, train.grad_accum_steps)
-    activations = -(-per_layer // tp) * (model.num_layers // pp) * in_flight
-    logits = -(-(spec.data.seq_len * micro_batch * model.vocab_size * LOGIT_BYTES_PER_ELEMENT) // tp)
+    activations = per_layer * (model.num_layers // pp) * in_flight
+    logits = spec.data.seq_len * micro_batch * model.vocab_size * LOGIT_BYTES_PER_ELEMENT
 
     if fsdp and dp > 1:
-        embedding = model.vocab_size * model.hidden_size
-        layer = (model.parameter_count() - embedding * (1 if model.tie_word_embeddings else 2)) // model.num_layers
-        largest = -(-max(embedding, layer) // tp)
-        wrapper = largest * (state.weights + state.gradients) + FSDP_PREFETCHED_LAYERS * -(-layer // tp) * state.weights
+        one_embedding = model.vocab_size * model.hidden_size
+        layer = -(-(layers_total // model.num_layers) // tp)
+        largest = max(one_embedding, layer)
+        wrapper = largest * (state.weights + state.gradients) + FSDP_PREFETCHED_LAYERS * layer * state.weights
     elif dp > 1:
         wrapper = DDP_GRADIENT_BUCKET_COPIES * params_here * state.gradients
     else:
