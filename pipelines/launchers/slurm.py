@@ -149,6 +149,20 @@ def _run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess[str]
     return proc
 
 
+def _requeue(job_id: str, attempts: int = 5) -> None:
+    """`scontrol requeue`, retried briefly: right after a job ends the controller can answer
+    "Unexpected message received" or "Job is in completing state" while its nodes finish the
+    epilogue (seen under load); the requeue succeeds a moment later."""
+    for attempt in range(attempts):
+        proc = _run(["scontrol", "requeue", job_id], check=False)
+        if proc.returncode == 0:
+            return
+        if attempt + 1 < attempts:
+            time.sleep(2)
+    raise LaunchError(f"scontrol requeue failed (exit {proc.returncode}) after {attempts} tries: "
+                      f"{proc.stderr.strip()}")
+
+
 def parse_scontrol(text: str) -> dict[str, str]:
     """`scontrol show job -o` output -> its key=value fields (values have no spaces except Command)."""
     return {m[1]: m[2] for m in re.finditer(r"(\w+)=(\S*)", text)}
@@ -240,7 +254,7 @@ class SlurmLauncher:
                     requeues += 1
                     if on_log:
                         on_log(f"[launcher] job {handle.job_id} {decision.reason}; requeue {requeues}")
-                    _run(["scontrol", "requeue", handle.job_id])
+                    _requeue(handle.job_id)
                     if self.requeue_hold_s is not None:
                         # After the hold the update itself triggers a scheduling pass (none is due soon).
                         time.sleep(max(2, self.requeue_hold_s))
