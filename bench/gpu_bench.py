@@ -38,7 +38,6 @@ from bench_trainer import TimedSink, _StepClock, machine, reset_accelerate  # no
 
 WARMUP = 3
 SIZES = {"125m": (768, 12, 12, 2048), "350m": (1024, 24, 16, 2816)}
-PEAK_BY_NAME = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0, "4090": 165.0}
 
 
 def spec_for(size: str, seq: int, micro: int, steps: int, compile_model: bool) -> Any:
@@ -177,13 +176,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     from trainer.model import flops_per_token
     from validation.data import build_demo_corpus, prepare_data
+    from validation.flops import peak_tflops_for_device_name
 
     spec = spec_for(args.size, args.seq, args.micro, args.steps, args.compile)
     if not (REPO / "data" / "demo" / "docs.jsonl").is_file():
         build_demo_corpus(REPO / "data" / "demo")
     prepared = prepare_data(spec.data, REPO, progress=False)
     name = torch.cuda.get_device_name(0)
-    peak = args.peak_tflops or next((v for k, v in PEAK_BY_NAME.items() if k in name), 312.0)
+    peak = args.peak_tflops or peak_tflops_for_device_name(name)
+    if peak is None:
+        sys.exit(f"unknown device {name!r}: pass --peak-tflops (validation/flops.py has the table)")
     n_params = spec.model.parameter_count()
     fpt = flops_per_token(spec.model, args.seq, n_params)
     work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))

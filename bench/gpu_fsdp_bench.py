@@ -38,7 +38,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from validation.environment import apply_offline_env  # noqa: E402
-from validation.flops import CPU_PEAK_TFLOPS_PER_THREAD, PEAK_TFLOPS_BF16, flops_per_token  # noqa: E402
+from validation.flops import (  # noqa: E402
+    CPU_PEAK_TFLOPS_PER_THREAD,
+    flops_per_token,
+    peak_tflops_for_device_name,
+)
 
 apply_offline_env()
 
@@ -48,10 +52,7 @@ SIZES = {"tiny": (64, 2, 4, 128, 512), "125m": (768, 12, 12, 2048, 32000), "350m
 
 def peak_for(device_name: str) -> float | None:
     """Dense bf16 TFLOPS of a device from the one table (validation.flops), by its name."""
-    name = device_name.lower().replace(" ", "")
-    # Longest key first: "l40s" before "l4".
-    return next((PEAK_TFLOPS_BF16[k] for k in sorted(PEAK_TFLOPS_BF16, key=len, reverse=True)
-                 if k != "cpu" and k in name), None)
+    return peak_tflops_for_device_name(device_name)
 
 
 def spec_for(size: str, seq: int, micro: int, steps: int, on_gpu: bool) -> Any:

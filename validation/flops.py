@@ -37,6 +37,14 @@ FP32_PEAK_FRACTION = 0.5
 CPU_PEAK_TFLOPS_PER_THREAD = 0.16
 
 
+def peak_tflops_for_device_name(device_name: str) -> float | None:
+    """Dense bf16 TFLOPS of a device named like `torch.cuda.get_device_name()` ("NVIDIA H200"),
+    from the table above; None when the table does not know it. Longest key first: "l40s"
+    before "l4"."""
+    name = device_name.lower().replace(" ", "")
+    return next((PEAK_TFLOPS_BF16[k] for k in sorted(PEAK_TFLOPS_BF16, key=len, reverse=True) if k in name), None)
+
+
 @dataclass(frozen=True)
 class DevicePeak:
     """Dense peak of one device for the run's precision, and where the number came from."""
