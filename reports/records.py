@@ -18,6 +18,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from validation.environment import COMPARED_KEYS
@@ -64,6 +65,25 @@ class Perf:
     tokens_per_s: float | None = None
     mfu: float | None = None
     peak_mem_gb: float | None = None
+
+
+def _typical(history: dict[str, list[tuple[int, float]]], final: dict[str, float], key: str) -> float | None:
+    """The median of a run's logged windows of a rate, else its final value.
+
+    The last window alone is not the run's speed: one slow window (an evaluation, a
+    checkpoint, a busy neighbour) made a baseline read 1,199 tokens/s against its own
+    16,000 everywhere else and the report call the candidate 13x faster.
+    """
+    points = history.get(key)
+    return float(median(v for _, v in points)) if points else final.get(key)
+
+
+RATE_KEYS = ("perf/tokens_per_s", "perf/mfu", "perf/step_time_s")
+"""Per-window rates: a run's value for them is the median window (`_typical`), not the last."""
+
+
+def _steady_rates(history: dict[str, list[tuple[int, float]]], final: dict[str, float]) -> dict[str, float]:
+    return {k: v for k in RATE_KEYS if (v := _typical(history, final, k)) is not None}
 
 
 @dataclass(frozen=True)
@@ -390,6 +410,7 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
     final = {k: v for k, v in ((str(k), _finite(v)) for k, v in (result.get("final_metrics") or {}).items()) if v is not None}
     for key, points in history.items():  # anything only in the history: its last value
         final.setdefault(key, points[-1][1])
+    final.update(_steady_rates(history, final))
 
     tags = {str(k): str(v) for k, v in identity.items() if v is not None and not isinstance(v, dict | list)}
     env = comparable_env(result.get("env") or identity.get("env"))
@@ -439,8 +460,8 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
         alerts=tuple(_alert_from_dict(r) for r in _read_jsonl(run_dir / "alerts.jsonl")),
         cost=Cost(device_hours=used, estimate_device_hours=estimate, wall_s=wall_s),
         perf=Perf(
-            tokens_per_s=final.get("perf/tokens_per_s"),
-            mfu=final.get("perf/mfu"),
+            tokens_per_s=_typical(history, final, "perf/tokens_per_s"),
+            mfu=_typical(history, final, "perf/mfu"),
             peak_mem_gb=final.get("perf/peak_mem_gb"),
         ),
         env=env,
@@ -521,6 +542,7 @@ def records_from_mlflow(
             except MlflowException as exc:
                 raise TrackingError(f"MLflow: cannot read '{key}' of run {run.info.run_id}: {exc.message}") from exc
             history[key] = sorted((int(p.step), float(p.value)) for p in points if _finite(p.value) is not None)
+        final.update(_steady_rates(history, final))
         env = comparable_env({k.removeprefix("env."): v for k, v in run.data.tags.items() if k.startswith("env.")})
         if env_hash(env):
             tags.setdefault("env_hash", env_hash(env) or "")
@@ -554,7 +576,8 @@ def records_from_mlflow(
                     estimate_device_hours=_finite(tags.get("estimate_device_hours")),
                     wall_s=wall_s,
                 ),
-                perf=Perf(final.get("perf/tokens_per_s"), final.get("perf/mfu"), final.get("perf/peak_mem_gb")),
+                perf=Perf(_typical(history, final, "perf/tokens_per_s"), _typical(history, final, "perf/mfu"),
+                          final.get("perf/peak_mem_gb")),
                 env=env,
                 mlflow_run_id=run.info.run_id,
                 mlflow_url=mlflow_run_url(public_url, experiment.experiment_id, run.info.run_id),

@@ -307,8 +307,8 @@ def cost_section(report: Report) -> str:
         "",
         "| | baseline | candidate |",
         "|---|---:|---:|",
-        f"| tokens/s (mean) | {fmt(b.tokens_per_s)} | {fmt(c.tokens_per_s)} |",
-        f"| MFU (mean) | {fmt_pct(100 * b.mfu, False) if b.mfu is not None else '—'} | "
+        f"| tokens/s (median window, mean over seeds) | {fmt(b.tokens_per_s)} | {fmt(c.tokens_per_s)} |",
+        f"| MFU (median window, mean over seeds) | {fmt_pct(100 * b.mfu, False) if b.mfu is not None else '—'} | "
         f"{fmt_pct(100 * c.mfu, False) if c.mfu is not None else '—'} |",
         f"| peak memory GB (max) | {fmt(b.peak_mem_gb)} | {fmt(c.peak_mem_gb)} |",
     ]

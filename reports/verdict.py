@@ -248,9 +248,14 @@ def verdict(comparison: Comparison, *, candidates: Sequence[Any] = (), baselines
     if n == 1:
         hint_sd = math.sqrt(2) * base_sd_rel if base_sd_rel is not None else None
         needed, hint = _hint(hint_sd, h, 1, "the baseline's seed spread")
-        moved = "in the stated direction" if effect > 0 else "the opposite way" if effect < 0 else "not at all"
+        # Say which way the metric itself went: "+1.68 % in the stated direction" read as a rise
+        # next to the table's -1.68 % for a metric that should decrease.
+        raw = effect if h.direction == "increase" else -effect
+        went = "rose" if raw > 0 else "fell" if raw < 0 else "did not move"
+        way = ", the stated direction" if effect > 0 else ", the opposite way" if effect < 0 else ""
+        amount = f" {_pct_plain(abs(raw))}" if raw else ""
         return result("inconclusive", (
-            f"Inconclusive: one seed. `{h.metric}` moved {_pct(effect)} {moved} (wanted: {want}), "
+            f"Inconclusive: one seed. `{h.metric}` {went}{amount}{way} (wanted: {want}), "
             "but a single pair cannot separate the effect from seed noise; the verdict needs at "
             "least 2 paired seeds (3 or more to have power)." + hint),
             effect=effect, seeds_needed=needed, rule=rule)

@@ -101,6 +101,22 @@ def test_record_from_run_dir_reads_every_file(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_runs_speed_is_its_median_window_not_its_last(tmp_path):
+    # Seen in a real `pipeline run experiments/more-code.yaml`: the baseline's last window read
+    # 1,199 tokens/s against ~16,000 in every other window, and the report called the candidate
+    # +1275 % faster under "tokens/s (mean)".
+    d = write_run(tmp_path, "base", 1234, final_loss=3.0, lr=3e-4)
+    windows = [16000.0, 16500.0, 15800.0, 1199.0]
+    complete = (d / "metrics.jsonl").read_text().rsplit("\n", 1)[0] + "\n"  # without the torn last line
+    (d / "metrics.jsonl").write_text(complete + "".join(
+        json.dumps({"step": 10 * (i + 1), "key": "perf/tokens_per_s", "value": v}) + "\n" for i, v in enumerate(windows)))
+    r = record_from_run_dir(d)
+    assert r.perf.tokens_per_s == pytest.approx(15900.0)  # median of the windows
+    assert r.final_metrics["perf/tokens_per_s"] == pytest.approx(15900.0)  # what the metric table compares
+    assert r.final_metrics["eval/loss"] == 3.0  # other metrics keep their final value
+
+
+@pytest.mark.unit
 def test_a_directory_without_result_json_is_refused(tmp_path):
     with pytest.raises(UsageError, match="not a finished run"):
         record_from_run_dir(tmp_path)

@@ -88,6 +88,15 @@ def test_one_seed_is_never_supported_even_with_a_large_effect():
     assert v.seeds_needed is None  # one baseline value: no spread to size a study with
 
 
+def test_one_seed_says_which_way_the_metric_itself_went():
+    # The report's table shows -1.68 % for a loss that fell; the reason once said "moved +1.68 % in
+    # the stated direction", which reads as a rise.
+    fell = verdict(compare([run(1, 4.0)], [run(1, 5.0, experiment="base")], hyp(seeds=1)))
+    assert "`eval/loss` fell 20 %, the stated direction (wanted: decrease" in fell.reason, fell.reason
+    rose = verdict(compare([run(1, 5.5)], [run(1, 5.0, experiment="base")], hyp(seeds=1)))
+    assert "`eval/loss` rose 10 %, the opposite way (wanted: decrease" in rose.reason, rose.reason
+
+
 def test_one_paired_seed_but_baseline_spread_known_sizes_the_study_exactly():
     v = verdict(compare([run(1, 4.0)], BASE, hyp()))
     assert v.outcome == "inconclusive" and "one seed" in v.reason
