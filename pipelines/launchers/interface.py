@@ -12,6 +12,8 @@ for a detached Slurm job).
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -134,9 +136,13 @@ class LaunchHandle:
     def save(self) -> Path:
         path = self.run_dir / HANDLE_FILE
         data = asdict(self) | {"run_dir": str(self.run_dir), "extra": dict(self.extra)}
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        tmp.replace(path)
+        # A temporary name of this writer's own: the nodes of a static job share the run
+        # directory and save their handles at the same moment (a fixed `launch.tmp` lost the race).
+        fd, tmp = tempfile.mkstemp(prefix=f".{HANDLE_FILE}.", suffix=".tmp", dir=self.run_dir)
+        os.fchmod(fd, 0o644)  # as readable as the plain file it replaces (mkstemp makes it 0600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(data, indent=2))
+        os.replace(tmp, path)
         return path
 
     @classmethod
