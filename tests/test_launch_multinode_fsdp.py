@@ -187,3 +187,26 @@ def test_slurm_two_nodes_fsdp_sigkill_of_node1_resumes_bitwise(static_reference:
     assert state.ok, (state, out)
     assert "[retry] restart 1/" in out, out
     assert_resumed_bitwise(job.run_dir, killed, static_reference["losses"])
+
+
+def test_two_nodes_saving_their_handles_at_once_do_not_collide(tmp_path: Path) -> None:
+    """The static nodes share the run directory and save `launch.json` together; a fixed
+    temporary name made one node's save fail with FileNotFoundError (seen on a relaunch)."""
+    from pipelines.launchers import LaunchHandle
+
+    errors: list[BaseException] = []
+
+    def save(node: int) -> None:
+        for _ in range(300):
+            try:
+                LaunchHandle(launcher="static", job_id=str(node), run_dir=tmp_path).save()
+            except OSError as err:
+                errors.append(err)
+
+    threads = [threading.Thread(target=save, args=(node,)) for node in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert LaunchHandle.load(tmp_path).job_id in ("0", "1") and not list(tmp_path.glob("*.tmp"))
