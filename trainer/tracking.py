@@ -141,11 +141,22 @@ class JsonlMetrics:
     run_id: str | None = None
 
     def __init__(self, path: Path):
+        import fcntl
+
         self.path = Path(path)
-        records, good = read_jsonl_tolerant(self.path)
-        if self.path.is_file() and good != self.path.stat().st_size:
+        records: list[dict[str, Any]] = []
+        good = 0
+        if self.path.is_file():
+            # Read (and cut a torn last line) under the same flock `flush` writes under: read
+            # unlocked, another writer's append in flight looks torn, and cutting it lost points.
             with open(self.path, "r+b") as fh:
-                fh.truncate(good)
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                try:
+                    records, good = read_jsonl_tolerant(self.path)
+                    if good != os.fstat(fh.fileno()).st_size:
+                        fh.truncate(good)
+                finally:
+                    fcntl.flock(fh, fcntl.LOCK_UN)
         self.high_water: dict[str, int] = {}
         self._absorb(records)
         self._seen = good  # bytes of the file already folded into the marks
