@@ -36,9 +36,10 @@ def _rerun_command() -> str:
 
 
 def _repo(path: Path | None = None) -> Path:
-    from pipelines.orchestrate import repo_root_of
+    """The repository of the spec file `path`, else of the working directory (one rule: `validation.paths`)."""
+    from validation.paths import find_repo_root, repo_root_from_cwd
 
-    return repo_root_of(path or Path.cwd())
+    return find_repo_root(path) if path is not None else repo_root_from_cwd()
 
 
 def run(
@@ -174,7 +175,7 @@ def runs(
     from rich.console import Console
     from rich.table import Table
 
-    from pipelines.orchestrate import default_tracking_uri
+    from trainer.tracking import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri(_repo())
     try:

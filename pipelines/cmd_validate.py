@@ -288,9 +288,10 @@ def schema(
 ) -> None:
     """Generate experiments/schema.json (editor completion) from the spec models."""
     from validation.loader import display_path
+    from validation.paths import repo_root_from_cwd
     from validation.schema import is_current, schema_path, write_schema
 
-    target = output or schema_path(_repo_root_from_cwd())
+    target = output or schema_path(repo_root_from_cwd())
     if check:
         if not is_current(target):
             typer.echo(
@@ -301,11 +302,3 @@ def schema(
         return
     written = write_schema(target)
     typer.echo(f"{'wrote' if written else 'unchanged'} {display_path(target)}")
-
-
-def _repo_root_from_cwd() -> Path:
-    cwd = Path.cwd().resolve()
-    for candidate in (cwd, *cwd.parents):
-        if (candidate / "experiments").is_dir() and (candidate / "validation").is_dir():
-            return candidate
-    return Path(__file__).resolve().parents[1]

@@ -22,22 +22,11 @@ from typing import Any
 from pipelines.identity import CodeVersion, RunIdentity, code_version, experiment_key
 from pipelines.rundir import finished_training_runs, new_run_dir, runs_root
 from pipelines.stages import StageOutcome, StageRunner
+from trainer.tracking import default_tracking_uri
 from validation.errors import Detached, PipelineError, TrainingError
 from validation.files import atomic_write_json, atomic_write_text, read_json
 from validation.resolved import RESOLVED_FILE, ResolvedExperiment, resolve
 from validation.spec import CHAMPION, ExperimentSpec
-
-
-def repo_root_of(path: Path) -> Path:
-    """The repository holding `path`: the nearest parent with an `experiments/` folder."""
-    for parent in [path.resolve(), *path.resolve().parents]:
-        if (parent / "experiments").is_dir() and (parent / "pyproject.toml").exists():
-            return parent
-    return Path.cwd().resolve()
-
-
-def default_tracking_uri(repo: Path) -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo / 'mlflow.db'}"
 
 
 @dataclass
@@ -670,4 +659,4 @@ def summary_lines(candidate: ExperimentResult, baseline: ExperimentResult | None
     return lines
 
 
-__all__ = ["ExperimentFlow", "ExperimentResult", "Reporter", "RunOptions", "repo_root_of", "summary_lines"]
+__all__ = ["ExperimentFlow", "ExperimentResult", "Reporter", "RunOptions", "summary_lines"]

@@ -43,7 +43,7 @@ train: {{max_steps: 40, lr: {lr}}}
 
 
 def _repo(tmp_path: Path, **files: str) -> Path:
-    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments").mkdir(parents=True)
     (tmp_path / "data").mkdir()
     (tmp_path / "pyproject.toml").write_text("")
     for name, text in files.items():
@@ -155,3 +155,47 @@ def test_smoke_spec_is_built_through_validation_and_resolved(tmp_path: Path) -> 
     # One CPU process: the GPU's peak_tflops does not leak into the smoke run's MFU.
     assert small.spec.resource.peak_tflops is None and small.compute.peak.per == "thread"
     assert ExperimentSpec.model_validate(small.spec.model_dump(mode="json", by_alias=True)) == small.spec
+
+
+@pytest.mark.unit
+def test_validate_and_run_find_the_same_repository_from_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rule for the repository root (`validation.paths`). The old `pipeline run` asked for
+    `pyproject.toml` beside `experiments/` and otherwise took the working directory, so a spec
+    repository without one validated from anywhere and then failed `run` on its baseline."""
+    repo = _repo(tmp_path / "specs", **{"cand.yaml": _spec("cand", baseline="base", lr=0.006), "base.yaml": _spec("base")})
+    (repo / "pyproject.toml").unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    spec = str(repo / "experiments" / "cand.yaml")
+    runner = CliRunner()
+    validated = runner.invoke(app, ["validate", spec])
+    assert validated.exit_code == 0, validated.output
+    ran = runner.invoke(app, ["run", spec, "--no-smoke"])
+    assert "no experiment 'base'" not in ran.output, ran.output
+    assert ran.exit_code == DataError.exit_code, ran.output  # past the baseline: stops at the missing data
+    assert "data source 'code'" in ran.output
+
+
+@pytest.mark.unit
+def test_repo_root_is_found_from_a_file_or_a_directory_with_one_fallback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from validation.paths import find_repo_root, repo_root_from_cwd
+
+    repo = _repo(tmp_path / "repo", **{"base.yaml": _spec("base")})
+    (repo / "runs" / "deep").mkdir(parents=True)
+    assert find_repo_root(repo / "experiments" / "base.yaml") == repo.resolve()
+    assert find_repo_root(repo) == repo.resolve()  # a directory is its own first candidate
+    assert find_repo_root(repo / "runs" / "deep") == repo.resolve()
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "x.yaml").write_text("")
+    assert find_repo_root(lone / "x.yaml") == lone.resolve()  # outside any repository: beside the file
+    assert find_repo_root(lone) == lone.resolve()
+    monkeypatch.chdir(repo / "runs" / "deep")
+    assert repo_root_from_cwd() == repo.resolve()
+    monkeypatch.chdir(lone)
+    assert repo_root_from_cwd() == lone.resolve()

@@ -19,12 +19,26 @@ DATA_ROOTS_ENV = "PIPELINE_DATA_ROOTS"
 
 
 def find_repo_root(path: Path) -> Path:
-    """The nearest directory above `path` that holds `experiments/` (else the file's directory)."""
-    start = Path(path).resolve().parent
+    """The repository holding `path` (a file or a directory): the nearest directory at or
+    above it that holds `experiments/`.
+
+    Fallback, when no directory up to `/` holds one: `path` itself when it is a directory,
+    else the file's directory. A spec outside any repository is thus read as its own
+    repository (its baseline and data are looked up beside it), and `validate`, `plan`,
+    `smoke` and `run` agree on where that is. The one rule: every command finds its
+    repository here (from its spec file) or with `repo_root_from_cwd`."""
+    resolved = Path(path).resolve()
+    start = resolved if resolved.is_dir() else resolved.parent
     for candidate in (start, *start.parents):
         if (candidate / EXPERIMENTS_DIR).is_dir():
             return candidate
     return start
+
+
+def repo_root_from_cwd() -> Path:
+    """The repository of the working directory, for commands given no spec file (`runs`,
+    `show`, `demo`, `schema`): `find_repo_root` of the cwd, so the same fallback (the cwd)."""
+    return find_repo_root(Path.cwd())
 
 
 def experiments_dir(repo_root: Path) -> Path:
