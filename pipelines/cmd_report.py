@@ -31,6 +31,7 @@ def report(
     appended to $GITHUB_STEP_SUMMARY when that is set.
     """
     from reports import build_report
+    from reports.verdict import headline
 
     try:
         built = build_report(candidate, baseline or [], spec=spec, out_dir=out, mlflow_url=mlflow_url)
@@ -39,7 +40,7 @@ def report(
     if print_markdown:
         typer.echo(built.markdown)
     v = built.verdict
-    typer.echo(f"verdict: {v.outcome}: {v.reason}")
+    typer.echo(f"verdict: {headline(v.outcome, v.reason)}")
     typer.echo(f"report: {built.out_dir / 'report.md'}")
 
 

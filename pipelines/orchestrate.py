@@ -649,7 +649,9 @@ def summary_lines(candidate: ExperimentResult, baseline: ExperimentResult | None
     lines.append(f"hypothesis   {candidate.spec.hypothesis.metric} should {candidate.spec.hypothesis.direction} "
                  f"by >= {candidate.spec.hypothesis.min_effect:.1%} vs {candidate.spec.hypothesis.baseline}")
     if candidate.verdict:
-        lines.append(f"verdict      {candidate.verdict.upper()}: {candidate.verdict_reason}")
+        from reports.verdict import headline
+
+        lines.append(f"verdict      {headline(candidate.verdict, candidate.verdict_reason)}")
     if candidate.report_dir:
         lines.append(f"report       {candidate.report_dir / 'report.md'}")
     if tracking_uri.startswith("sqlite:///"):

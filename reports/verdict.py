@@ -82,6 +82,22 @@ class Verdict:
     diverged_at_step: int | None = None
 
 
+def headline(outcome: str, reason: str) -> str:
+    """One line for a terminal: the outcome in capitals, then the reason, the outcome named once.
+
+    Reasons open with their outcome ("Inconclusive: one seed. ...") because the PR comment and
+    the report print them alone after "**Verdict:**"; a line that puts the outcome in front
+    drops that opening word ("INCONCLUSIVE: one seed. ..."), or capitalises it when the
+    reason uses it in a sentence ("IDENTICAL to `base` ...")."""
+    word = outcome.strip()
+    if not reason.strip():
+        return word.upper()
+    head, _, rest = reason.partition(" ")
+    if word and head.rstrip(":").lower() == word.lower():
+        return f"{word.upper()}: {rest}" if head.endswith(":") else f"{word.upper()} {rest}"
+    return f"{word.upper()}: {reason}"
+
+
 def rule_text(n: int, alpha: float, min_effect: float) -> str:
     return f"{RULE}, n = {n}, alpha = {alpha:g}, margin {_pct_plain(min_effect)}"
 

@@ -199,3 +199,14 @@ def test_repo_root_is_found_from_a_file_or_a_directory_with_one_fallback(
     assert repo_root_from_cwd() == repo.resolve()
     monkeypatch.chdir(lone)
     assert repo_root_from_cwd() == lone.resolve()
+
+
+@pytest.mark.unit
+def test_run_summary_names_the_verdict_once(tmp_path: Path) -> None:
+    from pipelines.orchestrate import ExperimentResult, summary_lines
+
+    repo = _repo(tmp_path, **{"cand.yaml": _spec("cand")})
+    candidate = ExperimentResult(resolve(repo / "experiments" / "cand.yaml"), tmp_path / "runs" / "cand", "", [], [],
+                                 verdict="inconclusive", verdict_reason="Inconclusive: one seed. `eval/loss` fell 2 %.")
+    (line,) = [line for line in summary_lines(candidate, None, "sqlite:///x.db") if line.startswith("verdict")]
+    assert line == "verdict      INCONCLUSIVE: one seed. `eval/loss` fell 2 %."

@@ -198,6 +198,32 @@ def test_no_baseline_runs_at_all_is_inconclusive_and_names_the_baseline():
     assert v.outcome == "inconclusive" and "no finished baseline run (`champion`)" in v.reason
 
 
+def test_headline_names_the_outcome_once():
+    # `pipeline run` printed "verdict      INCONCLUSIVE: Inconclusive: one seed. ..." (the reason
+    # already opens with its outcome).
+    from reports.identical import OUTCOME, reason
+    from reports.verdict import headline
+
+    cases = [
+        verdict(compare([run(1, 4.0)], [run(1, 5.0, experiment="base")], hyp(seeds=1))),  # inconclusive
+        verdict(sides([4.0, 4.1, 3.9])),  # supported
+        verdict(sides([5.5, 5.6, 5.4])),  # refuted
+    ]
+    assert {v.outcome for v in cases} == {"inconclusive", "supported", "refuted"}
+    for v in cases:
+        line = headline(v.outcome, v.reason)
+        assert line.startswith(f"{v.outcome.upper()}: "), line
+        assert not line.lower().startswith(f"{v.outcome}: {v.outcome}"), line
+        assert line == f"{v.outcome.upper()}: {v.reason.split(': ', 1)[1]}"
+    assert headline("inconclusive", "Inconclusive: one seed.") == "INCONCLUSIVE: one seed."
+    # A reason that opens with its outcome word in a sentence keeps the sentence.
+    identical = headline(OUTCOME, reason("cand", "base"))
+    assert identical.startswith("IDENTICAL to `base` (same code, spec and data)"), identical
+    assert identical.lower().count("identical") == 1
+    # A reason that does not name its outcome gets it in front.
+    assert headline("refuted", "the effect went the other way.") == "REFUTED: the effect went the other way."
+
+
 # --------------------------------------------------------------------------- properties
 
 from hypothesis import given, settings  # noqa: E402
