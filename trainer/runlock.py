@@ -33,11 +33,12 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunDirBusy", "acquire_rank_lock", "join_job", "live_ranks", "signal_ranks"]
+__all__ = ["RunDirBusy", "acquire_rank_lock", "holding_run_dir", "join_job", "live_ranks", "signal_ranks"]
 from validation.errors import RunDirBusy
 
 LOCK_DIR = "locks"
@@ -196,6 +197,27 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
 def rank_from_env() -> int:
     """This process's global rank as set by torch elastic / accelerate (0 for a plain process)."""
     return int(os.environ.get("RANK", "0") or 0)
+
+
+@contextlib.contextmanager
+def holding_run_dir(run_dir: Path, rank: int = 0) -> Iterator[RankLock]:
+    """Rank `rank`'s lock of `run_dir` for an in-process run (the smoke): the lock a trainer
+    job takes first (`join_job`), so a job and an in-process run, or two in-process runs,
+    never write one run directory at once.
+
+    Unlike `join_job` it asks for no parent-death signal (the process is the orchestrator,
+    not a rank of a launched job) and lets go on exit, unless this process held the lock
+    already: then it is re-entrant and leaves the outer holder's lock alone."""
+    path = lock_path(run_dir, rank).resolve()
+    ours_already = any(held.fd >= 0 and held.path == path for held in _held)
+    lock = acquire_rank_lock(run_dir, rank, wait_s=ACQUIRE_WAIT_S)  # read now: tests shorten the window
+    try:
+        yield lock
+    finally:
+        if not ours_already:
+            lock.release()
+            with contextlib.suppress(ValueError):
+                _held.remove(lock)
 
 
 def join_job(run_dir: Path) -> RankLock:

@@ -65,12 +65,39 @@ def resolve_smoke(resolved: ResolvedExperiment, tokenizer_vocab: int) -> Resolve
 
 def run_smoke(resolved: ResolvedExperiment, prepared: Any, run_dir: Path, tracking_uri: str | None = None,
               console_level: str = "INFO") -> dict[str, Any]:
-    """Train the shrunk model, then resume from its mid-run checkpoint; return the checks."""
-    from trainer.loop import Trainer
+    """Train the shrunk model, then resume from its mid-run checkpoint; return the checks.
+
+    The smoke owns `run_dir` while it runs: it takes the run directory's lock that a trainer
+    job takes first (`trainer.runlock`; re-entrant within one process, released at the end),
+    so a second smoke or a job on the same directory is refused (`RunDirBusy`) before
+    anything of theirs is deleted or overwritten."""
+    from trainer.runlock import holding_run_dir
 
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
-    shutil.rmtree(run_dir, ignore_errors=True)
+    with holding_run_dir(run_dir):
+        _clear_run_dir(run_dir)
+        return _run_smoke_held(resolved, prepared, run_dir, tracking_uri, console_level, t0)
+
+
+def _clear_run_dir(run_dir: Path) -> None:
+    """Remove an earlier smoke's files; the lock folder stays: deleting the lock file this
+    process holds would let the next smoke lock a new file beside a live holder."""
+    from trainer.runlock import LOCK_DIR
+
+    for child in run_dir.iterdir():
+        if child.name == LOCK_DIR:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
+def _run_smoke_held(resolved: ResolvedExperiment, prepared: Any, run_dir: Path, tracking_uri: str | None,
+                    console_level: str, t0: float) -> dict[str, Any]:
+    from trainer.loop import Trainer
+
     small_resolved = resolve_smoke(resolved, prepared.vocab_size)
     small, peak = small_resolved.spec, small_resolved.compute.peak.device()
     first = Trainer(small, run_dir / "train", prepared.path, tracking_uri=tracking_uri or "none",
