@@ -26,6 +26,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -330,6 +331,33 @@ def useful_fraction_packed(prepared: Any, steps: int) -> float:
 # ----------------------------------------------------------------------------- main
 
 
+def run_one(system: str, precision: str, steps: int, threads: int) -> dict[str, float]:
+    """One run of one system; the deterministic flag is reset first (the trainer sets it
+    process-wide, its default `train.deterministic`; the baselines run with torch's default)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(False)
+    prepared = prepared_data()
+    work = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
+    try:
+        if system == "bare":
+            return run_bare(prepared, precision, steps)
+        if system == "trainer":
+            return run_trainer(prepared, precision, steps, work)
+        if system == "trainer-async":
+            return run_trainer(prepared, precision, steps, work, async_ckpt=True)
+        if system == "trainer-compile":
+            return run_trainer(prepared, precision, steps, work, compile_model=True)
+        if system == "hf":
+            return run_hf(prepared, precision, steps, work)
+        if system == "hf-pad":
+            return run_hf_padded(prepared, precision, steps, work)
+        raise SystemExit(f"unknown system {system!r}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def machine() -> dict[str, str]:
     import accelerate
     import torch
@@ -353,40 +381,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--compile", action="store_true",
                         help="also run the trainer with train.compile (once per precision, after the repeats)")
     parser.add_argument("--no-append", action="store_true")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run every system in this process (the old way: a run's threads, allocator "
+                             "state and torch flags carry over into the next system's timing)")
+    parser.add_argument("--one", nargs=2, metavar=("SYSTEM", "PRECISION"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(args.threads)
-    prepared = prepared_data()
-    work = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
+    if args.one:
+        print(json.dumps(run_one(args.one[0], args.one[1], args.steps, args.threads)), flush=True)
+        return {}
     raw: dict[str, list[dict[str, float]]] = {}
-    try:
-        for rep in range(args.repeats):
-            for precision in args.precisions.split(","):
-                for system in ("bare", "trainer", "hf", "hf-pad"):
-                    # The trainer switches deterministic algorithms on process-wide (its default,
-                    # train.deterministic); the baselines run with torch's default whatever ran before.
-                    torch.use_deterministic_algorithms(False)
-                    if system == "bare":
-                        out = run_bare(prepared, precision, args.steps)
-                    elif system == "trainer":
-                        out = run_trainer(prepared, precision, args.steps, work)
-                    elif system == "hf":
-                        out = run_hf(prepared, precision, args.steps, work)
-                    else:
-                        out = run_hf_padded(prepared, precision, args.steps, work)
-                    raw.setdefault(f"{system}/{precision}", []).append(out)
-                    print(f"[{rep + 1}/{args.repeats}] {system:8s} {precision}: {json.dumps(out)}", flush=True)
-            async_out = run_trainer(prepared, "fp32", args.steps, work, async_ckpt=True)
-            raw.setdefault("trainer-async/fp32", []).append(async_out)
-            print(f"[{rep + 1}/{args.repeats}] trainer-async fp32: {json.dumps(async_out)}", flush=True)
-        if args.compile:
-            for precision in args.precisions.split(","):
-                out = run_trainer(prepared, precision, args.steps, work, compile_model=True)
-                raw.setdefault(f"trainer-compile/{precision}", []).append(out)
-                print(f"trainer-compile {precision}: {json.dumps(out)}", flush=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    prepared = prepared_data()  # build the corpus and cache once, before any timing
+
+    def measure(system: str, precision: str) -> dict[str, float]:
+        if args.in_process:
+            return run_one(system, precision, args.steps, args.threads)
+        # A fresh interpreter per run: no system inherits another's background threads, allocator
+        # state, deterministic flag or accelerate singletons.
+        cmd = [sys.executable, __file__, "--one", system, precision, "--steps", str(args.steps),
+               "--threads", str(args.threads)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"{system} {precision} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    for rep in range(args.repeats):
+        for precision in args.precisions.split(","):
+            for system in ("bare", "trainer", "hf", "hf-pad"):
+                out = measure(system, precision)
+                raw.setdefault(f"{system}/{precision}", []).append(out)
+                print(f"[{rep + 1}/{args.repeats}] {system:8s} {precision}: {json.dumps(out)}", flush=True)
+        async_out = measure("trainer-async", "fp32")
+        raw.setdefault("trainer-async/fp32", []).append(async_out)
+        print(f"[{rep + 1}/{args.repeats}] trainer-async fp32: {json.dumps(async_out)}", flush=True)
+    if args.compile:
+        for precision in args.precisions.split(","):
+            out = measure("trainer-compile", precision)
+            raw.setdefault(f"trainer-compile/{precision}", []).append(out)
+            print(f"trainer-compile {precision}: {json.dumps(out)}", flush=True)
 
     def med(key: str, field: str) -> float:
         values = [r[field] for r in raw.get(key, []) if field in r and r[field] == r[field]]

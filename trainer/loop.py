@@ -135,6 +135,10 @@ class Trainer:
         if tr.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True, warn_only=True)
+            # Deterministic mode also NaN-fills every torch.empty (a debugging aid that exposes
+            # reads of uninitialised memory); no result depends on it, and the fill is ~1 % of a
+            # CPU bf16 step (bench/RESULTS.md, "trainer: the step against the bare loop").
+            torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
             torch.backends.cudnn.benchmark = False
         precision = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[tr.precision]
         if precision == "fp16" and not torch.cuda.is_available():
@@ -180,6 +184,8 @@ class Trainer:
             log.warning("train.compile is ignored under a sharded layout (FSDP/TP): the model runs eagerly")
         model = torch.compile(self.raw_model) if tr.compile and not topo.sharded else self.raw_model
         self.model, self.optimizer = acc.prepare(model, self.optimizer)
+        if not topo.sharded and not tr.compile:
+            autocast_without_output_upcast(acc, self.raw_model)
         # The silent DDP fallback must be impossible: a sharded layout holds ~1/degree per rank.
         self.local_params, _ = assert_sharded(self.model, topo)
         self._seed_rank()
@@ -591,3 +597,23 @@ def _stopped(verdict: Any, step: int, reason: str | None = None) -> record.Outco
 
 def _fmt(metrics: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+
+
+def autocast_without_output_upcast(acc: Any, model: torch.nn.Module) -> None:
+    """Keep accelerate's autocast around `model.forward`, drop its `convert_outputs_to_fp32`.
+
+    Under bf16/fp16 accelerate wraps the forward in autocast and then copies every floating
+    output to fp32: for a causal LM that is the whole logits tensor (batch x seq x vocab) each
+    micro-batch, which the trainer never reads (the loss is already computed in fp32 inside the
+    model). Measured ~1 % of a CPU bf16 step. FSDP/TP layouts (their own mixed-precision policy)
+    and compiled models keep accelerate's wrapper as it is.
+    """
+    from types import MethodType
+
+    from accelerate.utils import get_mixed_precision_context_manager
+
+    original = getattr(model, "_original_forward", None)
+    if not acc.native_amp or original is None or not hasattr(original, "__func__"):
+        return
+    autocast = get_mixed_precision_context_manager(acc.native_amp, acc.autocast_handler)
+    model.forward = MethodType(autocast(original.__func__), model)  # type: ignore[method-assign]
