@@ -176,6 +176,7 @@ class Trainer:
         peak = peak or device_peak(spec.resource, spec.train.precision)
         assert peak is not None, "an unknown gpu_type is refused by the resolve step"
         self.peak_flops = peak.flops_per_second(torch.get_num_threads())
+        self.peak_source, self._mfu_warned = peak.source, False
         self.optimizer = build_optimizer(self.raw_model, tr)
         self.total_steps = spec.total_steps(self.dp)
         self.scheduler = build_scheduler(self.optimizer, tr, self.total_steps)
@@ -537,6 +538,11 @@ class Trainer:
             "perf/peak_mem_gb": _peak_mem_gb(),
         }
         metrics |= {f"data/mix/{src}": c / total_rows for src, c in zip(sources, counts, strict=True)}
+        if metrics["perf/mfu"] > 1.0 and not self._mfu_warned:
+            self._mfu_warned = True  # the peak is a table value, not a measurement: say when it is wrong
+            log.warning("perf/mfu %.2f exceeds 1: this device's peak (%s, %.3g TFLOPS) is too low for it; "
+                        "set resource.peak_tflops to its real peak", metrics["perf/mfu"], self.peak_source,
+                        self.peak_flops / 1e12)
         self.sink.log_metrics(step, metrics)
         log.info("step %d/%d %s", step, self.total_steps, _fmt(metrics))
         return metrics

@@ -35,6 +35,11 @@ FP32_PEAK_FRACTION = 0.5
 # ceiling, documented not measured, so MFU on a CPU is a relative figure (compare runs on
 # the same machine only). A device (one CPU process) has as many threads as torch uses.
 CPU_PEAK_TFLOPS_PER_THREAD = 0.16
+# bf16 on a CPU with AVX-512 BF16 (VDPBF16PS: a pair of bf16 products per fp32 lane) doubles
+# that. Measured here: the bench Llama reached 0.19 TFLOPS on one thread in bf16, so the fp32
+# peak gave an MFU of 1.2 (impossible). CPUs with AMX tiles go higher still: set
+# `resource.peak_tflops` there (the trainer warns when a measured MFU exceeds 1).
+CPU_BF16_PEAK_FACTOR = 2.0
 
 
 def peak_tflops_for_device_name(device_name: str) -> float | None:
@@ -67,7 +72,8 @@ def device_peak(resource: ResourceSpec, precision: str) -> DevicePeak | None:
     if resource.peak_tflops is not None:
         return DevicePeak(resource.peak_tflops, "device", "resource.peak_tflops")
     if resource.gpus_per_node == 0:
-        return DevicePeak(CPU_PEAK_TFLOPS_PER_THREAD, "thread", "cpu:per-thread")
+        factor = CPU_BF16_PEAK_FACTOR if precision in ("bf16", "fp16") else 1.0
+        return DevicePeak(CPU_PEAK_TFLOPS_PER_THREAD * factor, "thread", "cpu:per-thread")
     if resource.gpu_type not in PEAK_TFLOPS_BF16:
         return None
     peak = PEAK_TFLOPS_BF16[resource.gpu_type]
