@@ -384,6 +384,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--in-process", action="store_true",
                         help="run every system in this process (the old way: a run's threads, allocator "
                              "state and torch flags carry over into the next system's timing)")
+    parser.add_argument("--systems", default="bare,trainer,hf,hf-pad,trainer-async",
+                        help="which systems to run (comma-separated; trainer-async runs in fp32 only)")
     parser.add_argument("--one", nargs=2, metavar=("SYSTEM", "PRECISION"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -406,13 +408,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     for rep in range(args.repeats):
         for precision in args.precisions.split(","):
-            for system in ("bare", "trainer", "hf", "hf-pad"):
+            for system in [x for x in ("bare", "trainer", "hf", "hf-pad") if x in args.systems.split(",")]:
                 out = measure(system, precision)
                 raw.setdefault(f"{system}/{precision}", []).append(out)
                 print(f"[{rep + 1}/{args.repeats}] {system:8s} {precision}: {json.dumps(out)}", flush=True)
-        async_out = measure("trainer-async", "fp32")
-        raw.setdefault("trainer-async/fp32", []).append(async_out)
-        print(f"[{rep + 1}/{args.repeats}] trainer-async fp32: {json.dumps(async_out)}", flush=True)
+        if "trainer-async" in args.systems.split(","):
+            async_out = measure("trainer-async", "fp32")
+            raw.setdefault("trainer-async/fp32", []).append(async_out)
+            print(f"[{rep + 1}/{args.repeats}] trainer-async fp32: {json.dumps(async_out)}", flush=True)
     if args.compile:
         for precision in args.precisions.split(","):
             out = measure("trainer-compile", precision)
@@ -425,7 +428,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     packed_useful = useful_fraction_packed(prepared, args.steps)
     figures: dict[str, Any] = {"machine": machine(), "steps": args.steps, "repeats": args.repeats,
-                               "threads": args.threads}
+                               "threads": args.threads, "in_process": args.in_process}
     for precision in args.precisions.split(","):
         p: dict[str, float] = {}
         for unit, field, pad_field in (("wall", "tokens_per_s", "useful_tokens_per_s"),
@@ -478,7 +481,8 @@ def append_results(f: dict[str, Any]) -> None:
         f"Llama 4 layers x 256 wide, vocab 2048, seq {SEQ}, micro batch {MICRO}, same packed rows for every system; "
         f"{f['steps']} steps per run (first {WARMUP} not timed), {f['repeats']} interleaved repeats, medians, "
         f"{f.get('threads', '?')} torch thread(s) per process. `python bench/bench_trainer.py --threads "
-        f"{f.get('threads', '?')}`.",
+        f"{f.get('threads', '?')}`. "
+        + ("Every system in one process." if f.get("in_process", True) else "Each run in a fresh interpreter."),
         "Two clocks: *wall* tokens/s and tokens per *CPU-second* of the process (all threads), as a cross-check: "
         "when neighbours load the machine both drop, so read the medians of the interleaved repeats.",
         "",
@@ -514,8 +518,10 @@ def append_results(f: dict[str, Any]) -> None:
                 f"({p['trainer_compile_cpu'] / p['trainer_cpu']:.2f}x).")
     first = f.get("fp32", f.get("bf16", {}))
     stall = f["checkpoint_stall_s"]
+    has_pad = first.get("hf_padding_efficiency", float("nan")) == first.get("hf_padding_efficiency", float("nan"))
     lines += [
         "",
+        "" if not has_pad else
         f"Packing: {100 * f['packed_useful_fraction']:.1f} % of packed slots carry a loss (document starts excluded); "
         f"HF padding recipe: {100 * first.get('hf_padding_efficiency', float('nan')):.1f} % (one document per row, "
         f"truncated at {SEQ}, padded to the longest in the batch). Padding efficiency by source: "
@@ -523,6 +529,7 @@ def append_results(f: dict[str, Any]) -> None:
         + " (short docstrings are where padding wastes most).",
         "MLflow logging (local sqlite, batched every 5 steps) as a share of the trainer's loop time: "
         + ", ".join(f"{pr} {100 * f[pr]['mlflow_share_of_loop']:.2f} %" for pr in ("fp32", "bf16") if pr in f) + ".",
+        "" if stall["async"] != stall["async"] else
         f"Checkpoint stall (median, fp32, 3.7M params + AdamW state, written then validated by reloading): "
         f"sync {stall['sync']:.3f} s, async {stall['async']:.3f} s (snapshot to memory, write + validation in a "
         "background thread).",
