@@ -107,10 +107,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                  f"`python bench/ab_trainer_step.py --precision {args.precision} --blocks {args.blocks}`: "
                  "the same model, optimizer state and batches, variants interleaved in blocks of 4 steps; "
                  "median CPU ms per optimizer step.", "",
-                 "| precision | " + " | ".join(variants) + " | T / bare |",
+                 "| precision | " + " | ".join(variants) + " | speed T ÷ bare |",
                  "|---|" + "---|" * (len(variants) + 1),
                  f"| {args.precision} | " + " | ".join(f"{medians[v]:.1f}" for v in variants)
-                 + f" | {medians['T'] / medians['bare']:.3f} |", ""]
+                 + f" | {medians['bare'] / medians['T']:.3f} |", ""]
         with open(REPO / "bench" / "RESULTS.md", "a") as fh:
             fh.write("\n".join(lines))
     return medians
