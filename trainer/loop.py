@@ -34,6 +34,7 @@ from trainer.checkpointing import CheckpointGlue, ShardedCheckpointGlue
 from trainer.collectives import Collectives
 from trainer.evaluation import Evaluator, update_best
 from trainer.faults import FaultPlan
+from trainer.host_memory import keep_freed_memory_in_heap
 from trainer.model import parameter_count
 from trainer.monitor import (
     DIVERGED_KINDS,
@@ -153,6 +154,8 @@ class Trainer:
         self.dp = topo.dp  # data-parallel replicas: ranks of one tensor-parallel group read the same rows
         self.is_main = acc.is_main_process
         self.device = acc.device
+        if self.device.type == "cpu":  # activations live in host memory: no page faults per step
+            keep_freed_memory_in_heap()
         self.comm = Collectives(self.world, self.device)
         mesh = make_mesh(topo, self.device.type) if topo.sharded else None
         self.faults = FaultPlan.from_env(self.rank)
