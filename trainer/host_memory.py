@@ -5,9 +5,10 @@ glibc serves allocations above its mmap threshold with a fresh `mmap` and return
 training step allocates and frees the same activation and gradient buffers every step (the
 bench Llama: logits 16 MB, attention scores 8 MB), so with the defaults every step maps fresh
 pages and touches each one for the first time: 13-14 thousand minor page faults per bf16 step
-in a trainer process (about 5-7 thousand in a bare-loop process, whose heap happened to settle
+in a trainer process (6-7 thousand in a bare-loop process, whose heap happens to settle
 differently), measured with `getrusage`. With the thresholds raised, steady steps take ~0
-faults and the step is 3-7 % faster (bench/RESULTS.md, "host page faults").
+faults and 3 % (bare loop) to 8 % (trainer) less CPU time (bench/RESULTS.md, "host page
+faults"; `bench/page_faults.py`).
 
 Why not jemalloc/tcmalloc (the usual advice for CPU PyTorch): they have to be `LD_PRELOAD`ed
 before the interpreter starts, i.e. by every launcher on every host; two `mallopt` calls do the
