@@ -22,6 +22,9 @@ def test_bf16_forward_keeps_autocast_without_the_fp32_logits_copy(tmp_path: Path
     from validation.spec import ExperimentSpec
 
     spec = ExperimentSpec.model_validate(_spec_dict(precision="bf16", max_steps=2))
+    # accelerate keeps one process-wide state: an earlier in-process fp32 trainer pinned "no"
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
     try:
         trainer = Trainer(spec, tmp_path / "run", data_dir, tracking_uri="none")
         batch = to_device(trainer.batcher.batch(0, 0), trainer.device)
