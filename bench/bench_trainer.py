@@ -111,7 +111,8 @@ def packed_batches(prepared: Any, steps: int) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- systems
 
 
-def run_bare(prepared: Any, precision: str, steps: int) -> dict[str, float]:
+def run_bare(prepared: Any, precision: str, steps: int, on_step: Any = None) -> dict[str, float]:
+    """`on_step`: called after each optimizer step (bench/page_faults.py counts faults there)."""
     import contextlib
 
     import torch
@@ -134,6 +135,8 @@ def run_bare(prepared: Any, precision: str, steps: int) -> dict[str, float]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if on_step is not None:
+            on_step()
         done_at.append(time.perf_counter())
         cpu_at.append(time.process_time())
     return {"tokens_per_s": windowed(done_at, SEQ * MICRO), "tokens_per_cpu_s": per_cpu_second(cpu_at, SEQ * MICRO),

@@ -29,8 +29,6 @@ STEPS = 16
 
 
 def one(system: str, precision: str, policy: bool) -> dict[str, float]:
-    import contextlib
-
     import bench_trainer as bt
     import torch
 
@@ -48,24 +46,7 @@ def one(system: str, precision: str, policy: bool) -> dict[str, float]:
         cpu.append(time.process_time())
 
     if system == "bare":
-        from trainer.model import build_model
-        from trainer.optim import build_optimizer
-
-        spec = bt.bench_spec(precision, STEPS)
-        torch.manual_seed(0)
-        model = build_model(spec.model)
-        opt = build_optimizer(model, spec.train)
-        batches = [{k: torch.from_numpy(b[k]) for k in ("input_ids", "labels", "position_ids")}
-                   for b in bt.packed_batches(prepared, STEPS)]
-        ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
-        for b in batches:
-            with ctx():
-                loss = model(**b, use_cache=False).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            mark()
+        bt.run_bare(prepared, precision, STEPS, on_step=mark)
     else:
         from trainer.loop import Trainer
 
