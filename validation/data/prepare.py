@@ -7,9 +7,15 @@ file's bytes (sha256; never timestamps), the preparation parameters and the toke
 are not in it: they only change how prepared data is sampled, so experiments that
 re-weight the same sources share one preparation.
 
-The work is done in a temporary directory next to the cache and renamed into place
-once `manifest.json` has been written, so a crash never leaves a directory that looks
-complete. A cached version is used only after its manifest verifies; a corrupt one is
+The work is a fixed set of tasks (`validation.data.stages`: scan and tokenize per input
+range, dedup per hash bucket) run by datatrove's executors on local workers or as Slurm
+array jobs (`validation.data.engine`), with a small merge in this process between them.
+Everything streams in bounded memory; the task list depends on the input and
+`data.task_bytes` only, so the version and every output byte are the same for any number
+of workers and for Slurm. Tasks write into `.build-<version>/` next to the cache, and a
+rerun after a crash (even SIGKILL) skips the tasks datatrove marked complete. The result
+is assembled in `.build-<version>/final` and renamed into place once `manifest.json` has
+been written, so a crash never leaves a directory that looks complete. A cached version is used only after its manifest verifies; a corrupt one is
 deleted and rebuilt. Re-hashing unchanged inputs is avoided with a side file keyed by
 (path, size, mtime) that caches each file's sha256 (the version itself stays
 content-based: a touched but unchanged file still maps to the same version).
@@ -27,17 +33,27 @@ import secrets
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from validation.data.clean import clean_text, document_hash, is_held_out, non_ascii_count
-from validation.data.prepared import PreparedData, write_manifest
-from validation.data.profile import length_summary, token_profile
-from validation.data.sources import file_format, read_documents, resolve_files
+from validation.data.engine import SlurmOptions, run_stage
+from validation.data.prepared import SPLITS, PreparedData, write_manifest
+from validation.data.profile import histogram_summary, merge_histograms, token_profile
+from validation.data.sources import file_format, jsonl_boundaries, resolve_files, splittable
+from validation.data.stages import (
+    ENCODE_BATCH_CHARS,
+    REC_DTYPE,
+    DedupTask,
+    Plan,
+    ScanTask,
+    TaskInput,
+    TokenizeTask,
+    encode_batch,
+)
 from validation.errors import DataError
 from validation.files import atomic_write_json, sha256_file
 from validation.paths import data_roots
@@ -46,12 +62,11 @@ from validation.spec import DataSpec
 log = logging.getLogger("validation.data")
 
 # Bump when the on-disk layout or the cleaning changes: old caches then get new versions.
-PREP_FORMAT = 2
+PREP_FORMAT = 3  # 3: one token shard per input task (sources/<name>/<split>/<task>.tokens.bin)
 # Text the BPE is trained on at most (documents in hash order, train split only).
 # Training on more barely changes a 4k-32k vocabulary and costs seconds per MB.
 BPE_SAMPLE_CHARS = 8_000_000
 SPECIAL_TOKENS = ("<|endoftext|>",)
-_ENCODE_BATCH_CHARS = 2_000_000
 _INPUT_HASHES = ".input-hashes.json"
 
 
@@ -125,6 +140,7 @@ def compute_version(data: DataSpec, repo_root: Path, cache_root: Path) -> Versio
         "format": PREP_FORMAT,
         "min_doc_chars": data.min_doc_chars,
         "eval_fraction": data.eval_fraction,
+        "task_bytes": data.task_bytes,
         "tokenizer": tokenizer,
         "sources": [
             {
@@ -149,10 +165,18 @@ def prepare_data(
     repo_root: Path,
     cache_root: Path | None = None,
     progress: bool = True,
+    workers: int | None = None,
+    launcher: str = "local",
+    slurm: SlurmOptions | None = None,
 ) -> PreparedData:
-    """Prepare (or reuse) the data version of `data`; idempotent, safe to call from several processes."""
+    """Prepare (or reuse) the data version of `data`; idempotent, safe to call from several processes.
+
+    `workers`: local processes (default: every core); `launcher="slurm"` submits each stage as
+    a Slurm array job instead (`slurm` says how) and waits for it. A rerun after a crash resumes."""
     repo_root = Path(repo_root).resolve()
     cache_root = Path(cache_root).resolve() if cache_root else repo_root / "data" / "cache"
+    assert launcher in ("local", "slurm"), launcher
+    workers = max(1, workers or os.cpu_count() or 1)
     inputs = compute_version(data, repo_root, cache_root)
     final = cache_root / inputs.version
     cached = _open_if_valid(final)
@@ -162,15 +186,20 @@ def prepare_data(
         cached = _open_if_valid(final)  # another process may have finished meanwhile
         if cached:
             return cached
-        check_free_space(cache_root, needed=2 * inputs.input_bytes + (64 << 20))
-        tmp = cache_root / f".tmp-{inputs.version}-{os.getpid()}-{secrets.token_hex(4)}"
-        tmp.mkdir(parents=True)
+        build = cache_root / f".build-{inputs.version}"
+        if not build.is_dir():
+            check_free_space(cache_root, needed=2 * inputs.input_bytes + (64 << 20))
+        build.mkdir(parents=True, exist_ok=True)
+        logs = cache_root / ".logs" / inputs.version
+        logs.mkdir(parents=True, exist_ok=True)
         try:
-            _build(data, inputs, tmp, progress)
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            done = _build(data, inputs, build, logs, workers, launcher, slurm, progress)
+        except DataError:
+            # The input's fault: nothing to resume (the same input fails the same way).
+            shutil.rmtree(build, ignore_errors=True)
             raise
+        os.rename(done, final)
+        shutil.rmtree(build, ignore_errors=True)
     prepared = PreparedData.open(final)
     return prepared
 
@@ -214,87 +243,6 @@ def check_free_space(directory: Path, needed: int) -> None:
 # --------------------------------------------------------------------------- build
 
 
-@dataclass
-class _SourceDocs:
-    name: str
-    read: int = 0
-    empty: int = 0
-    duplicates: int = 0
-    chars: int = 0
-    non_ascii: int = 0
-    texts: dict[str, list[str]] = field(default_factory=lambda: {"train": [], "eval": []})
-    digests: dict[str, list[bytes]] = field(default_factory=lambda: {"train": [], "eval": []})
-
-
-def _collect(data: DataSpec, inputs: VersionInputs, bar: _Bar) -> list[_SourceDocs]:
-    collected = []
-    for source in data.sources:
-        docs = _SourceDocs(source.name)
-        seen: set[bytes] = set()
-        for path in inputs.files[source.name]:
-            for raw in read_documents(source, path):
-                docs.read += 1
-                text = clean_text(raw)
-                if not text or len(text) < data.min_doc_chars:
-                    docs.empty += 1
-                    continue
-                digest = document_hash(text)
-                if digest in seen:
-                    docs.duplicates += 1
-                    continue
-                seen.add(digest)
-                split = "eval" if is_held_out(digest, data.eval_fraction) else "train"
-                docs.texts[split].append(text)
-                docs.digests[split].append(digest)
-                docs.chars += len(text)
-                docs.non_ascii += non_ascii_count(text)
-            bar.advance(path.stat().st_size)
-        kept = len(docs.texts["train"]) + len(docs.texts["eval"])
-        if docs.read == 0:
-            raise DataError(f"data source '{source.name}' is empty: its files hold no documents ({source.path})")
-        if kept == 0:
-            raise DataError(
-                f"data source '{source.name}': no documents left after cleaning ({docs.read} read, "
-                f"{docs.empty} empty or shorter than {data.min_doc_chars} chars, {docs.duplicates} duplicates)"
-            )
-        _rebalance_split(docs)
-        collected.append(docs)
-    return collected
-
-
-def _rebalance_split(docs: _SourceDocs) -> None:
-    """Keep both splits non-empty when there are two or more documents (still decided by hash)."""
-    train, held = docs.digests["train"], docs.digests["eval"]
-    if len(train) + len(held) < 2:
-        if held:  # a single document is for training
-            docs.texts["train"], docs.digests["train"] = docs.texts["eval"], held
-            docs.texts["eval"], docs.digests["eval"] = [], []
-        return
-    if not held:
-        move, src, dst = min(range(len(train)), key=train.__getitem__), "train", "eval"
-    elif not train:
-        move, src, dst = max(range(len(held)), key=held.__getitem__), "eval", "train"
-    else:
-        return
-    docs.texts[dst].append(docs.texts[src].pop(move))
-    docs.digests[dst].append(docs.digests[src].pop(move))
-
-
-def _bpe_sample(collected: list[_SourceDocs]) -> list[str]:
-    """Train-split documents of every source in hash order, up to BPE_SAMPLE_CHARS."""
-    ordered = sorted(
-        ((d, t) for docs in collected for d, t in zip(docs.digests["train"], docs.texts["train"], strict=True)),
-        key=lambda pair: pair[0],
-    )
-    sample, total = [], 0
-    for _, text in ordered:
-        if total >= BPE_SAMPLE_CHARS:
-            break
-        sample.append(text)
-        total += len(text)
-    return sample
-
-
 def _train_tokenizer(sample: list[str], vocab_size: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -328,137 +276,318 @@ def parallel_tokenizers() -> Iterator[None]:
 
 
 def encode_documents(tokenizer: Any, texts: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of `texts` back to back, and each document's length; batched across cores."""
+    """Token ids of `texts` back to back, and each document's length; batched across cores
+    (the whole list in memory: for benches and small inputs; preparation streams)."""
     parts: list[np.ndarray] = []
-    lengths: list[int] = []
+    lengths: list[np.ndarray] = []
     start = 0
     while start < len(texts):
         end, chars = start, 0
-        while end < len(texts) and (end == start or chars + len(texts[end]) <= _ENCODE_BATCH_CHARS):
+        while end < len(texts) and (end == start or chars + len(texts[end]) <= ENCODE_BATCH_CHARS):
             chars += len(texts[end])
             end += 1
-        encodings = tokenizer.encode_batch_fast(texts[start:end], add_special_tokens=False)
-        batch_lengths = [len(e.ids) for e in encodings]
-        parts.append(np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=dtype, count=sum(batch_lengths)))
-        lengths.extend(batch_lengths)
+        ids, batch_lengths = encode_batch(tokenizer, texts[start:end], dtype)
+        parts.append(ids)
+        lengths.append(batch_lengths)
         start = end
     tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-    return tokens, np.asarray(lengths, dtype=np.int64)
+    return tokens, (np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64))
 
 
-def _build(data: DataSpec, inputs: VersionInputs, out: Path, progress: bool) -> None:
+def plan_tasks(data: DataSpec, inputs: VersionInputs) -> list[TaskInput]:
+    """The fixed task list: every file in spec order, an uncompressed JSON Lines file cut into
+    byte ranges of about `data.task_bytes` at line starts. Depends on the bytes alone."""
+    tasks = []
+    for s, source in enumerate(data.sources):
+        for path in inputs.files[source.name]:
+            if splittable(source, path):
+                cuts = jsonl_boundaries(path, data.task_bytes)
+                tasks += [TaskInput(s, str(path), a, b, b - a) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+            else:
+                tasks.append(TaskInput(s, str(path), 0, None, path.stat().st_size))
+    return tasks
+
+
+def _next_run(build: Path) -> int:
+    counter = build / "runs"
+    run = int(counter.read_text()) + 1 if counter.is_file() else 1
+    counter.write_text(str(run))
+    return run
+
+
+def _build(data: DataSpec, inputs: VersionInputs, build: Path, logs: Path, workers: int, launcher: str,
+           slurm: SlurmOptions | None, progress: bool) -> Path:
+    """Run the tasks (resuming whatever an earlier, killed run finished) and assemble
+    `build/final`, manifest last. Returns that directory."""
     started = time.perf_counter()
     timings: dict[str, float] = {}
 
     def lap(name: str) -> None:
         timings[name] = round(time.perf_counter() - started - sum(timings.values()), 3)
 
-    with _Bar(progress) as bar:
-        bar.start("reading and cleaning", inputs.input_bytes)
-        collected = _collect(data, inputs, bar)
-        lap("read_clean_dedup")
-        (out / "tokenizer").mkdir()
-        tokenizer_file = out / "tokenizer" / "tokenizer.json"
-        with parallel_tokenizers():
-            if inputs.tokenizer_file:
-                from tokenizers import Tokenizer
+    tasks = plan_tasks(data, inputs)
+    cpus = os.cpu_count() or 1
+    plan = Plan(
+        build=str(build), sources=list(data.sources), tasks=tasks, buckets=max(1, len(tasks)),
+        min_doc_chars=data.min_doc_chars, eval_threshold=_eval_threshold(data.eval_fraction),
+        sample_chars=BPE_SAMPLE_CHARS, logs=str(logs), run=_next_run(build),
+        threads=1 if launcher == "slurm" else max(1, cpus // max(1, min(workers, len(tasks)))),
+    )
+    log.info("data %s: %d tasks, %d dedup buckets, run %d", inputs.version, len(tasks), plan.buckets, plan.run)
+    with _Bar(progress, build, tasks) as bar:
+        bar.stage("scan")
+        run_stage("scan", ScanTask(plan), len(tasks), build, workers, launcher, slurm, bar.tick)
+        bar.stage("dedup")
+        run_stage("dedup", DedupTask(plan), plan.buckets, build, workers, launcher, slurm, bar.tick)
+        lap("scan_dedup")
+        merged = _merge_counts(data, plan)
+        final = build / "final"
+        tokenizer_file = final / "tokenizer" / "tokenizer.json"
+        if not tokenizer_file.is_file():  # deterministic, so a resumed run may keep the earlier one
+            bar.stage(f"training BPE tokenizer (vocab {data.tokenizer.vocab_size})" if not inputs.tokenizer_file
+                      else "tokenizer")
+            _write_tokenizer(data, inputs, plan, merged, tokenizer_file)
+        lap("tokenizer")
+        from tokenizers import Tokenizer
 
-                shutil.copyfile(inputs.tokenizer_file, tokenizer_file)
-                try:
-                    tokenizer = Tokenizer.from_file(str(tokenizer_file))
-                except Exception as exc:  # the library raises plain Exception for a bad file
-                    raise DataError(f"data.tokenizer: {inputs.tokenizer_file} is not a valid tokenizer.json ({exc})") from exc
-            else:
-                bar.start(f"training BPE tokenizer (vocab {data.tokenizer.vocab_size})", None)
-                tokenizer = _train_tokenizer(_bpe_sample(collected), data.tokenizer.vocab_size)
-                tokenizer.save(str(tokenizer_file))
-            lap("tokenizer")
-            vocab_size = tokenizer.get_vocab_size()
-            dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-            vocab = [tokenizer.id_to_token(i) or "" for i in range(vocab_size)]
-            bar.start("tokenizing", max(1, sum(d.chars for d in collected)))
-            stats = {}
-            for docs in collected:
-                stats[docs.name] = _tokenize_source(docs, tokenizer, dtype, vocab, out, bar)
-            lap("tokenize_write_stats")
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        vocab_size = tokenizer.get_vocab_size()
+        dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+        plan = replace(plan, extra={"tokenizer": str(tokenizer_file), "token_dtype": dtype.name,
+                                    "flip": merged["flip"]})
+        bar.stage("tokenize")
+        run_stage("tokenize", TokenizeTask(plan), len(tasks), build, workers, launcher, slurm, bar.tick)
+        lap("tokenize")
+    vocab = [tokenizer.id_to_token(i) or "" for i in range(vocab_size)]
+    shards, stats = _assemble(data, plan, merged, final, vocab)
     prep = {
         "version": inputs.version,
         "sources": [s.name for s in data.sources],
         "vocab_size": vocab_size,
         "token_dtype": dtype.name,
-        "inputs": {
-            name: [str(p) for p in paths] for name, paths in inputs.files.items()
-        },
+        "inputs": {name: [str(p) for p in paths] for name, paths in inputs.files.items()},
         "version_payload": inputs.payload,
-        "prepare_seconds": timings,
+        "tasks": len(tasks),
+        "shards": shards,
     }
-    (out / "prep.json").write_text(json.dumps(prep, indent=1, sort_keys=True) + "\n")
-    (out / "stats.json").write_text(
-        json.dumps({"version": inputs.version, "sources": stats}, indent=1, sort_keys=True) + "\n"
-    )
-    write_manifest(out, inputs.version)
+    (final / "prep.json").write_text(json.dumps(prep, indent=1, sort_keys=True) + "\n")
+    (final / "stats.json").write_text(json.dumps({"version": inputs.version, "sources": stats}, indent=1,
+                                                 sort_keys=True) + "\n")
+    write_manifest(final, inputs.version)
+    lap("assemble")
+    # How long it took is about this run, not the data: kept beside the cache, outside the version.
+    atomic_write_json(logs / "timings.json", {"run": plan.run, "workers": workers, "launcher": launcher,
+                                              "seconds": timings, "tasks": len(tasks)}, indent=1)
+    return final
 
 
-def _tokenize_source(docs: _SourceDocs, tokenizer: Any, dtype: np.dtype, vocab: list[str],
-                     out: Path, bar: _Bar) -> dict[str, Any]:
-    base = out / "sources" / docs.name
-    base.mkdir(parents=True)
-    counts = np.zeros(len(vocab), dtype=np.int64)
-    lengths_all, split_tokens, split_bytes = [], {}, {}
-    for split in ("train", "eval"):
-        texts = docs.texts[split]
-        tokens, lengths = encode_documents(tokenizer, texts, dtype)
-        bar.advance(sum(len(t) for t in texts))
-        tokens.tofile(base / f"{split}.tokens.bin")
-        np.save(base / f"{split}.index.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
-        if tokens.size:
-            counts += np.bincount(tokens, minlength=len(vocab))[: len(vocab)]
-        lengths_all.append(lengths)
-        split_tokens[split] = int(tokens.size)
-        split_bytes[split] = sum(len(t.encode("utf-8")) for t in texts)
-    lengths = np.concatenate(lengths_all)
-    char_lengths = np.fromiter((len(t) for t in chain(docs.texts["train"], docs.texts["eval"])), dtype=np.int64)
-    kept = int(lengths.size)
-    non_empty = docs.read - docs.empty
-    bpt_split = "eval" if split_tokens["eval"] else "train"
-    return {
-        "documents": kept,
-        "train_documents": len(docs.texts["train"]),
-        "eval_documents": len(docs.texts["eval"]),
-        "documents_read": docs.read,
-        "empty_dropped": docs.empty,
-        "duplicates_dropped": docs.duplicates,
-        "empty_rate": round(docs.empty / docs.read, 6),
-        "duplicate_rate": round(docs.duplicates / non_empty, 6) if non_empty else 0.0,
-        "tokens": int(lengths.sum()),
-        "train_tokens": split_tokens["train"],
-        "eval_tokens": split_tokens["eval"],
-        "chars": docs.chars,
-        "bytes": split_bytes["train"] + split_bytes["eval"],
-        "bytes_per_token": round(split_bytes[bpt_split] / max(1, split_tokens[bpt_split]), 6),
-        "non_ascii_ratio": round(docs.non_ascii / max(1, docs.chars), 6),
-        "doc_tokens": length_summary(lengths),
-        "doc_chars": length_summary(char_lengths),
-        "token_profile": token_profile(counts, vocab),
-    }
+def _eval_threshold(eval_fraction: float) -> int:
+    """The smallest h0 that is not held out: `is_held_out` reads h0 / 2**64 < eval_fraction."""
+    lo, hi = 0, 1 << 64
+    while lo < hi:  # first h0 with h0 / 2**64 >= eval_fraction (float arithmetic, as is_held_out)
+        mid = (lo + hi) // 2
+        if mid / 2**64 < eval_fraction:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _merge_counts(data: DataSpec, plan: Plan) -> dict[str, Any]:
+    """The small merge after dedup: per-source counts, rebalance of tiny sources, errors."""
+    read = [0] * len(data.sources)
+    empty = [0] * len(data.sources)
+    for rank, task in enumerate(plan.tasks):
+        counts = json.loads((plan.task_dir("scan", rank) / "counts.json").read_text())
+        read[task.source] += counts["read"]
+        empty[task.source] += counts["empty"]
+    per: list[dict[str, Any]] = [{"duplicates": 0, "train": 0, "eval": 0, "min_train": None, "max_eval": None}
+                                 for _ in data.sources]
+    for b in range(plan.buckets):
+        summary = json.loads((plan.task_dir("dedup", b) / "summary.json").read_text())
+        for s, entry in summary.items():
+            agg = per[int(s)]
+            for key in ("duplicates", "train", "eval"):
+                agg[key] += entry[key]
+            if entry["min_train"] and (agg["min_train"] is None or entry["min_train"][:2] < agg["min_train"][:2]):
+                agg["min_train"] = entry["min_train"]
+            if entry["max_eval"] and (agg["max_eval"] is None or entry["max_eval"][:2] > agg["max_eval"][:2]):
+                agg["max_eval"] = entry["max_eval"]
+    flip: dict[str, list[int]] = {}
+    moved: dict[str, set[tuple[int, int]]] = {"to_eval": set(), "to_train": set()}
+    for s, source in enumerate(data.sources):
+        agg = per[s]
+        kept = agg["train"] + agg["eval"]
+        if read[s] == 0:
+            raise DataError(f"data source '{source.name}' is empty: its files hold no documents ({source.path})")
+        if kept == 0:
+            raise DataError(
+                f"data source '{source.name}': no documents left after cleaning ({read[s]} read, "
+                f"{empty[s]} empty or shorter than {data.min_doc_chars} chars, {agg['duplicates']} duplicates)"
+            )
+        # Keep both splits non-empty when there are two or more documents (still decided by hash);
+        # a single document is for training.
+        move = None
+        if kept < 2:
+            move = agg["max_eval"] if agg["eval"] else None
+            direction = "to_train"
+        elif not agg["eval"]:
+            move, direction = agg["min_train"], "to_eval"
+        elif not agg["train"]:
+            move, direction = agg["max_eval"], "to_train"
+        if move:
+            flip.setdefault(str(move[2]), []).append(int(move[3]))
+            moved[direction].add((int(move[2]), int(move[3])))
+            delta = 1 if direction == "to_eval" else -1
+            agg["eval"] += delta
+            agg["train"] -= delta
+    return {"read": read, "empty": empty, "per": per, "flip": flip, "moved": moved}
+
+
+def _bpe_sample(plan: Plan, merged: dict[str, Any]) -> list[str]:
+    """Kept training documents of every source in hash order, up to BPE_SAMPLE_CHARS: the same
+    sample for any number of tasks (each dedup bucket offers its smallest hashes)."""
+    parts = [np.load(plan.task_dir("dedup", b) / "sample.npy") for b in range(plan.buckets)]
+    candidates = np.concatenate(parts) if parts else np.empty(0, dtype=REC_DTYPE)
+    extra = []
+    for task, idx in sorted(merged["moved"]["to_train"]):
+        doc = np.load(plan.task_dir("scan", task) / "docs.npy", mmap_mode="r")[idx]
+        extra.append((doc["h0"], doc["h1"], task, idx, doc["chars"]))
+    if extra:
+        candidates = np.concatenate([candidates, np.array(extra, dtype=REC_DTYPE)])
+    candidates = candidates[np.lexsort((candidates["h1"], candidates["h0"]))]
+    chosen: dict[int, list[int]] = {}
+    order: list[tuple[int, int]] = []
+    total = 0
+    for rec in candidates:
+        if total >= BPE_SAMPLE_CHARS:
+            break
+        key = (int(rec["task"]), int(rec["idx"]))
+        if key in merged["moved"]["to_eval"]:
+            continue
+        chosen.setdefault(key[0], []).append(key[1])
+        order.append(key)
+        total += int(rec["chars"])
+    texts: dict[tuple[int, int], str] = {}
+    for task, idxs in chosen.items():
+        scan = plan.task_dir("scan", task)
+        docs = np.load(scan / "docs.npy", mmap_mode="r")
+        text = np.memmap(scan / "text.bin", dtype=np.uint8, mode="r")
+        for i in idxs:
+            start = int(docs["end"][i - 1]) if i else 0
+            texts[(task, i)] = bytes(text[start:int(docs["end"][i])]).decode("utf-8")
+    return [texts[key] for key in order]
+
+
+def _write_tokenizer(data: DataSpec, inputs: VersionInputs, plan: Plan, merged: dict[str, Any],
+                     tokenizer_file: Path) -> None:
+    tokenizer_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tokenizer_file.with_name(f".tokenizer.json.tmp-{os.getpid()}")
+    if inputs.tokenizer_file:
+        from tokenizers import Tokenizer
+
+        shutil.copyfile(inputs.tokenizer_file, tmp)
+        try:
+            Tokenizer.from_file(str(tmp))
+        except Exception as exc:  # the library raises plain Exception for a bad file
+            tmp.unlink()
+            raise DataError(f"data.tokenizer: {inputs.tokenizer_file} is not a valid tokenizer.json ({exc})") from exc
+    else:
+        with parallel_tokenizers():
+            tokenizer = _train_tokenizer(_bpe_sample(plan, merged), data.tokenizer.vocab_size)
+        tokenizer.save(str(tmp))
+    os.replace(tmp, tokenizer_file)
+
+
+def _assemble(data: DataSpec, plan: Plan, merged: dict[str, Any], final: Path,
+              vocab: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Link every task's shards into `final/sources/<name>/<split>/` and merge the statistics.
+    Hard links leave the tasks' outputs intact, so a run killed here redoes only this step."""
+    shutil.rmtree(final / "sources", ignore_errors=True)
+    shards: dict[str, Any] = {}
+    stats: dict[str, Any] = {}
+    for s, source in enumerate(data.sources):
+        counts = np.zeros(len(vocab), dtype=np.int64)
+        hists: dict[str, list[tuple[list[int], list[int]]]] = {"doc_tokens": [], "doc_chars": []}
+        split_totals = {split: {"documents": 0, "tokens": 0, "chars": 0, "non_ascii": 0, "bytes": 0}
+                        for split in SPLITS}
+        shards[source.name] = {split: [] for split in SPLITS}
+        for rank, task in enumerate(plan.tasks):
+            if task.source != s:
+                continue
+            out = plan.task_dir("tokenize", rank)
+            task_stats = json.loads((out / "stats.json").read_text())
+            counts += np.load(out / "token_counts.npy")
+            for split in SPLITS:
+                st = task_stats[split]
+                for key in split_totals[split]:
+                    split_totals[split][key] += st[key]
+                hists["doc_tokens"].append(st["doc_tokens_hist"])
+                hists["doc_chars"].append(st["doc_chars_hist"])
+                if st["documents"]:
+                    folder = final / "sources" / source.name / split
+                    folder.mkdir(parents=True, exist_ok=True)
+                    for suffix in (".tokens.bin", ".index.npy"):
+                        _link_or_copy(out / f"{split}{suffix}", folder / f"{rank:05d}{suffix}")
+                    shards[source.name][split].append([f"{rank:05d}", st["tokens"], st["documents"]])
+        tr, ev = split_totals["train"], split_totals["eval"]
+        read, empty, dups = merged["read"][s], merged["empty"][s], merged["per"][s]["duplicates"]
+        non_empty = read - empty
+        chars = tr["chars"] + ev["chars"]
+        bpt = ev if ev["tokens"] else tr
+        stats[source.name] = {
+            "documents": tr["documents"] + ev["documents"],
+            "train_documents": tr["documents"],
+            "eval_documents": ev["documents"],
+            "documents_read": read,
+            "empty_dropped": empty,
+            "duplicates_dropped": dups,
+            "empty_rate": round(empty / read, 6),
+            "duplicate_rate": round(dups / non_empty, 6) if non_empty else 0.0,
+            "tokens": tr["tokens"] + ev["tokens"],
+            "train_tokens": tr["tokens"],
+            "eval_tokens": ev["tokens"],
+            "chars": chars,
+            "bytes": tr["bytes"] + ev["bytes"],
+            "bytes_per_token": round(bpt["bytes"] / max(1, bpt["tokens"]), 6),
+            "non_ascii_ratio": round((tr["non_ascii"] + ev["non_ascii"]) / max(1, chars), 6),
+            "doc_tokens": histogram_summary(*merge_histograms(hists["doc_tokens"])),
+            "doc_chars": histogram_summary(*merge_histograms(hists["doc_chars"])),
+            "token_profile": token_profile(counts, vocab),
+        }
+    return shards, stats
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 class _Bar:
-    """A rich progress bar on stderr for the long steps, or nothing."""
+    """One rich progress bar on stderr across all workers: tasks, input bytes, documents,
+    tokens/s and ETA, updated from the tasks' completion markers and outputs (or nothing)."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, build: Path, tasks: list[TaskInput]):
         self.enabled = enabled
+        self.build = build
+        self.sizes = [t.size for t in tasks]
+        self.total_bytes = max(1, sum(self.sizes))
         self._progress: Any = None
         self._task: Any = None
+        self._stage = ""
+        self._seen: dict[int, tuple[int, int]] = {}
+        self._t0 = time.perf_counter()
 
     def __enter__(self) -> _Bar:
         if self.enabled:
             from rich.console import Console
-            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
             self._progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-                console=Console(stderr=True), transient=True,
+                TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TextColumn("{task.fields[info]}"),
+                TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), transient=True,
             )
             self._progress.__enter__()
         return self
@@ -467,14 +596,35 @@ class _Bar:
         if self._progress:
             self._progress.__exit__(*exc)
 
-    def start(self, description: str, total: int | None) -> None:
+    def stage(self, name: str) -> None:
+        self._stage, self._seen, self._t0 = name, {}, time.perf_counter()
         if self._progress:
             if self._task is not None:
-                self._progress.update(self._task, completed=self._progress.tasks[-1].total or 1)
-            self._task = self._progress.add_task(description, total=total)
+                self._progress.remove_task(self._task)
+            self._task = self._progress.add_task(name, total=self.total_bytes, info="")
 
-    def advance(self, amount: int) -> None:
-        if self._progress and self._task is not None:
-            self._progress.advance(self._task, amount)
+    def tick(self, _done: int) -> None:
+        if not self._progress or self._stage not in ("scan", "tokenize"):
+            return
+        folder = self.build / self._stage / "logs" / "completions"
+        ranks = [int(n) for n in os.listdir(folder)] if folder.is_dir() else []
+        for rank in ranks:
+            if rank not in self._seen:
+                self._seen[rank] = self._read(rank)
+        done_bytes = sum(self.sizes[r] for r in ranks if r < len(self.sizes))
+        docs = sum(v[0] for v in self._seen.values())
+        tokens = sum(v[1] for v in self._seen.values())
+        rate = tokens / max(1e-9, time.perf_counter() - self._t0)
+        info = (f"{len(ranks)}/{len(self.sizes)} tasks  {done_bytes / 1e6:,.0f}/{self.total_bytes / 1e6:,.0f} MB  "
+                f"{docs:,} docs" + (f"  {rate / 1e6:.2f} M tokens/s" if self._stage == "tokenize" else ""))
+        self._progress.update(self._task, completed=done_bytes, info=info)
 
-
+    def _read(self, rank: int) -> tuple[int, int]:
+        out = self.build / self._stage / "out" / f"{rank:05d}"
+        try:
+            if self._stage == "scan":
+                return json.loads((out / "counts.json").read_text())["read"], 0
+            st = json.loads((out / "stats.json").read_text())
+            return (sum(st[s]["documents"] for s in SPLITS), sum(st[s]["tokens"] for s in SPLITS))
+        except (OSError, ValueError, KeyError):
+            return 0, 0

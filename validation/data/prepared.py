@@ -2,14 +2,17 @@
 
 Layout of `data/cache/<version>/`:
 
-    tokenizer/tokenizer.json            the tokenizer (part of the version)
-    sources/<name>/train.tokens.bin     token ids, raw uint16/uint32 (np.memmap)
-    sources/<name>/train.index.npy      int64 document offsets into the tokens, n_docs + 1
-    sources/<name>/eval.tokens.bin      the held-out split, same format
-    sources/<name>/eval.index.npy
-    stats.json                          per-source statistics and profiles
-    prep.json                           version, parameters, inputs, token dtype
-    manifest.json                       sha256 and size of every file above, written last
+    tokenizer/tokenizer.json                    the tokenizer (part of the version)
+    sources/<name>/train/<task>.tokens.bin      token ids of one input task, raw uint16/uint32 (np.memmap)
+    sources/<name>/train/<task>.index.npy       int64 document offsets into that shard, n_docs + 1
+    sources/<name>/eval/<task>.{tokens.bin,index.npy}   the held-out split, same format
+    stats.json                                  per-source statistics and profiles
+    prep.json                                   version, parameters, inputs, token dtype, shard list
+    manifest.json                               sha256 and size of every file above, written last
+
+A split is its shards in task order (= input order), documents back to back: readers
+see one logical token array per split (`ShardedTokens`, slices memory-mapped shard by
+shard, never concatenated) and one offsets array (built from the small shard indexes).
 
 A directory without a manifest, or whose files do not match it, does not exist as far
 as any reader is concerned: `PreparedData.open` raises `DataError` and `prepare_data`
@@ -67,6 +70,41 @@ def verify_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
+class ShardedTokens:
+    """The token shards of one split as one read-only array: `size`, `dtype`, slicing with a
+    step of 1 (a slice inside one shard is a view of its memmap; across shards, a small copy)."""
+
+    def __init__(self, shards: list[np.ndarray], dtype: np.dtype):
+        self.shards = shards
+        self.dtype = dtype
+        self.starts = np.concatenate([[0], np.cumsum([s.size for s in shards])]).astype(np.int64)
+        self.size = int(self.starts[-1])
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        assert isinstance(key, slice) and key.step in (None, 1), key
+        lo, hi, _ = key.indices(self.size)
+        if hi <= lo:
+            return np.zeros(0, dtype=self.dtype)
+        first = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        last = int(np.searchsorted(self.starts, hi, side="left")) - 1
+        if first == last:
+            base = int(self.starts[first])
+            return self.shards[first][lo - base : hi - base]
+        pieces = [self.shards[i][max(lo, int(self.starts[i])) - int(self.starts[i]):
+                                 min(hi, int(self.starts[i + 1])) - int(self.starts[i])] for i in range(first, last + 1)]
+        return np.concatenate(pieces)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        whole = np.concatenate(self.shards) if self.shards else np.zeros(0, dtype=self.dtype)
+        return whole.astype(dtype) if dtype is not None else whole
+
+    def max(self) -> Any:
+        return max(int(s.max()) for s in self.shards if s.size)
+
+
 @dataclass
 class PreparedData:
     """Read access to one verified data version: token memmaps, document offsets, stats."""
@@ -80,7 +118,7 @@ class PreparedData:
     params: dict[str, Any]
     token_dtype: np.dtype
     cache_hit: bool = False
-    _arrays: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    _arrays: dict[tuple[str, str], tuple[Any, np.ndarray]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(cls, path: Path, verify: bool = True) -> PreparedData:
@@ -105,25 +143,43 @@ class PreparedData:
             token_dtype=np.dtype(prep["token_dtype"]),
         )
 
-    def _load(self, source: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    def _shard_list(self, source: str, split: str) -> list[list[Any]]:
+        return list(self.params["shards"][source][split])
+
+    def token_shards(self, source: str, split: str = "train") -> list[np.ndarray]:
+        """The split's shards in order, each a read-only memmap."""
+        base = self.path / "sources" / source / split
+        return [np.memmap(base / f"{stem}.tokens.bin", dtype=self.token_dtype, mode="r")
+                for stem, _tokens, _docs in self._shard_list(source, split)]
+
+    def _load(self, source: str, split: str) -> tuple[Any, np.ndarray]:
         if source not in self.sources:
             raise DataError(f"source '{source}' is not in prepared data {self.version} (has: {', '.join(self.sources)})")
         assert split in SPLITS, split
         key = (source, split)
         if key not in self._arrays:
-            base = self.path / "sources" / source
-            offsets = np.load(base / f"{split}.index.npy")
-            tokens_path = base / f"{split}.tokens.bin"
-            if tokens_path.stat().st_size == 0:
+            base = self.path / "sources" / source / split
+            shards = self.token_shards(source, split)
+            parts, at = [np.zeros(1, dtype=np.int64)], 0
+            for (stem, _tokens, _docs), shard in zip(self._shard_list(source, split), shards, strict=True):
+                index = np.load(base / f"{stem}.index.npy")
+                assert index[-1] == shard.size, f"index and tokens disagree for {source}/{split}/{stem}"
+                parts.append(index[1:] + at)
+                at += shard.size
+            offsets = np.concatenate(parts)
+            tokens: Any
+            if not shards:
                 tokens = np.zeros(0, dtype=self.token_dtype)
+            elif len(shards) == 1:
+                tokens = shards[0]
             else:
-                tokens = np.memmap(tokens_path, dtype=self.token_dtype, mode="r")
-            assert offsets[-1] == tokens.size, f"index and tokens disagree for {source}/{split}"
+                tokens = ShardedTokens(shards, self.token_dtype)
             self._arrays[key] = (tokens, offsets)
         return self._arrays[key]
 
-    def tokens(self, source: str, split: str = "train") -> np.ndarray:
-        """All token ids of one split of a source, documents back to back (a read-only memmap)."""
+    def tokens(self, source: str, split: str = "train") -> Any:
+        """All token ids of one split of a source, documents back to back: a read-only memmap, or a
+        `ShardedTokens` over several (slice it; `np.asarray` of the whole copies it)."""
         return self._load(source, split)[0]
 
     def offsets(self, source: str, split: str = "train") -> np.ndarray:

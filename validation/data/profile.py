@@ -47,6 +47,41 @@ def length_summary(lengths: np.ndarray) -> dict[str, Any]:
     return out
 
 
+def histogram_quantile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
+    """`np.quantile(x, q)` (method 'linear', bit for bit) of the multiset where `values[i]` occurs
+    `counts[i]` times (values sorted ascending), without materialising it."""
+    n = int(counts.sum())
+    cum = np.cumsum(counts)
+    virtual = n * q + (1 + q * (1 - 1 - 1)) - 1  # numpy's _compute_virtual_index with alpha = beta = 1
+    below = min(max(int(np.floor(virtual)), 0), n - 1)
+    above = min(below + 1, n - 1)
+    a = float(values[int(np.searchsorted(cum, below, side="right"))])
+    b = float(values[int(np.searchsorted(cum, above, side="right"))])
+    gamma = virtual - np.floor(virtual)
+    diff = b - a
+    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma  # numpy's _lerp
+
+
+def merge_histograms(parts: list[tuple[list[int], list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+    """Sum `(values, counts)` histograms; values sorted ascending."""
+    if not parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    values = np.concatenate([np.asarray(v, dtype=np.int64) for v, _ in parts])
+    counts = np.concatenate([np.asarray(c, dtype=np.int64) for _, c in parts])
+    merged, inverse = np.unique(values, return_inverse=True)
+    return merged, np.bincount(inverse, weights=counts, minlength=merged.size).astype(np.int64)
+
+
+def histogram_summary(values: np.ndarray, counts: np.ndarray) -> dict[str, Any]:
+    """`length_summary` of the multiset a histogram describes (same numbers, same rounding)."""
+    n = int(counts.sum())
+    if n == 0:
+        return {"mean": 0.0, "max": 0, **{f"p{int(q * 100):02d}": 0.0 for q in LENGTH_QUANTILES}}
+    out = {"mean": round(float(int((values * counts).sum()) / n), 3), "max": int(values[counts > 0].max())}
+    out.update({f"p{int(q * 100):02d}": round(histogram_quantile(values, counts, q), 3) for q in LENGTH_QUANTILES})
+    return out
+
+
 def js_divergence(p: Mapping[str, float] | Sequence[float], q: Mapping[str, float] | Sequence[float]) -> float:
     """Jensen-Shannon divergence in bits (0 = identical, 1 = disjoint support).
 
