@@ -224,6 +224,10 @@ class DataSpec(Section):
     """Share of each source's documents held out for evaluation (chosen by document hash)."""
     checks: DataChecks = DataChecks()
     """Distribution-check thresholds."""
+    task_bytes: Annotated[int, Field(ge=1024, le=1 << 40)] = 64 << 20
+    """Input bytes per preparation task (a file, or a byte range of a JSON Lines file). Tasks are
+    decided by the input and this alone, never by the number of workers; each writes its own token
+    shards, so it is part of the data version."""
 
     @model_validator(mode="after")
     def _unique_sources(self) -> DataSpec:
