@@ -3,8 +3,11 @@
 identity = hash(code version, spec hash, data version, seed)
 
 The *code version* is the git tree hash of the code that can change a trained model
-(`trainer/`, `validation/`, `pyproject.toml`), plus a dirty flag and, when dirty, a
-hash of the uncommitted content of those paths. We deliberately do not use the commit
+(`trainer/`, `validation/`, `pyproject.toml`, and of `models/` only what the run uses: the
+contract and helpers, its architecture's file and its optimizer's file), plus a dirty flag
+and, when dirty, a hash of the uncommitted content of those paths. A pull request that adds
+an architecture therefore leaves the identity of every run that does not use it unchanged:
+the baseline's finished runs are reused. We deliberately do not use the commit
 SHA for the identity: a PR that only adds `experiments/x.yaml` moves the commit but
 cannot change what the baseline trains, and the baseline must be reused across PRs.
 The full commit SHA is still recorded (tag `pipeline.git_sha`) for traceability.
@@ -18,8 +21,28 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# Paths whose content can change what a run trains or how it is evaluated.
+# Paths whose content can change what a run trains or how it is evaluated (besides the
+# files of models/ the run uses: `model_paths`).
 CODE_PATHS = ("trainer", "validation", "pyproject.toml")
+
+
+def model_paths(repo: Path, model_type: str | None, optimizer: str | None) -> tuple[str, ...]:
+    """The files of models/ a run of `model_type` with `optimizer` executes, relative to `repo`:
+    the package's contract and helpers (`__init__.py`, `_*.py`) and the two plug-ins' own
+    files (or folders). Not the other plug-ins."""
+    out: list[str] = []
+    for folder, stem in (("models", model_type), ("models/optimizers", optimizer)):
+        base = repo / folder
+        if not base.is_dir():
+            continue
+        out += sorted(f"{folder}/{p.name}" for p in base.glob("*.py") if p.name == "__init__.py" or p.name.startswith("_"))
+        if stem is None:
+            continue
+        if (base / f"{stem}.py").is_file():
+            out.append(f"{folder}/{stem}.py")
+        elif (base / stem).is_dir():
+            out.append(f"{folder}/{stem}")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -58,20 +81,22 @@ def _hash_files(repo: Path, paths: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
-def code_version(repo: Path) -> CodeVersion:
-    """The code version of the working tree at `repo` (works without git, then always 'dirty')."""
+def code_version(repo: Path, model_type: str | None = None, optimizer: str | None = None) -> CodeVersion:
+    """The code version of the working tree at `repo` for a run of `model_type` trained with
+    `optimizer` (works without git, then always 'dirty')."""
+    paths = CODE_PATHS + model_paths(repo, model_type, optimizer)
     sha = _git(repo, "rev-parse", "HEAD")
     if sha is None:
-        content = _hash_files(repo, CODE_PATHS)
+        content = _hash_files(repo, paths)
         return CodeVersion("nogit", content[:16], True, _hash_files(repo, ("trainer",))[:16])
-    status = _git(repo, "status", "--porcelain", "--", *CODE_PATHS) or ""
+    status = _git(repo, "status", "--porcelain", "--", *paths) or ""
     dirty = bool(status.strip())
-    trees = [_git(repo, "rev-parse", f"HEAD:{p}") or "absent" for p in CODE_PATHS]
+    trees = [_git(repo, "rev-parse", f"HEAD:{p}") or "absent" for p in paths]
     tree = hashlib.sha256("|".join(trees).encode()).hexdigest()
     trainer = (trees[0] or "absent")[:16]
     if dirty:
         # Same uncommitted content -> same identity, so a dirty laptop run is still reusable.
-        tree = hashlib.sha256((tree + _hash_files(repo, CODE_PATHS)).encode()).hexdigest()
+        tree = hashlib.sha256((tree + _hash_files(repo, paths)).encode()).hexdigest()
         trainer = _hash_files(repo, ("trainer",))[:16]
     return CodeVersion(sha, tree[:16], dirty, trainer)
 
@@ -122,4 +147,4 @@ def experiment_key(code: CodeVersion, spec_hash: str, data_version: str, seeds: 
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
-__all__ = ["CODE_PATHS", "CodeVersion", "RunIdentity", "code_version", "experiment_key", "asdict"]
+__all__ = ["CODE_PATHS", "model_paths", "CodeVersion", "RunIdentity", "code_version", "experiment_key", "asdict"]

@@ -91,10 +91,19 @@ class ExperimentFlow:
         self.repo = repo
         self.options = options or RunOptions()
         self.reporter = reporter or Reporter()
-        self.code: CodeVersion = code_version(repo)
+        self._codes: dict[tuple[str, str], CodeVersion] = {}
         self.tracking_uri = self.options.tracking_uri or default_tracking_uri(repo)
         self.detached: list[tuple[str, int, Path, str, str]] = []
         """(experiment, seed, run dir, launcher, job id) submitted with --detach."""
+
+    def code_for(self, spec: Any) -> CodeVersion:
+        """The code version of a run of `spec`: the framework plus the architecture and optimizer
+        files it uses (pipelines.identity.model_paths), so adding an architecture does not
+        move the identity of runs that do not use it."""
+        key = (spec.model.model_type, spec.train.optimizer.name)
+        if key not in self._codes:
+            self._codes[key] = code_version(self.repo, *key)
+        return self._codes[key]
 
     # ------------------------------------------------------------------ public
 
@@ -128,12 +137,13 @@ class ExperimentFlow:
         from reports.identical import OUTCOME, build_identical_report, cosmetic_differences, reason
 
         spec = resolved.spec
-        run_id = experiment_key(self.code, resolved.spec_hash, "identical:" + base.spec.name, resolved.seeds)
+        code = self.code_for(resolved.spec)
+        run_id = experiment_key(code, resolved.spec_hash, "identical:" + base.spec.name, resolved.seeds)
         run_dir = new_run_dir(self.repo, spec.name, run_id)
         resolved.write(run_dir / RESOLVED_FILE)
         atomic_write_json(run_dir / "identity.json", {
             "experiment": spec.name, "role": "candidate", "run_id": run_id, "seeds": resolved.seeds,
-            "code_version": self.code.tree, "git_sha": self.code.git_sha, "spec_hash": resolved.spec_hash,
+            "code_version": code.tree, "git_sha": code.git_sha, "spec_hash": resolved.spec_hash,
             "identical_to": base.spec.name, "pr": self.options.pr})
         differences = cosmetic_differences(spec.model_dump(mode="json"), base.spec.model_dump(mode="json"))
         out_dir = build_identical_report(run_dir / "report", spec.name, base.spec.name, differences,
@@ -206,7 +216,7 @@ class ExperimentFlow:
         prepared = self._prepare(spec)
         rep.stage(name, "prepare", "finished", f"data {prepared.version}")
 
-        run_id = experiment_key(self.code, spec.spec_hash(), prepared.version, seeds)
+        run_id = experiment_key(self.code_for(spec), spec.spec_hash(), prepared.version, seeds)
         run_dir = new_run_dir(self.repo, name, run_id)
         # One process at a time per run directory (two PRs needing the same baseline).
         with identity_lock(runs_root(self.repo), f"run-{run_id}"):
@@ -218,13 +228,14 @@ class ExperimentFlow:
         spec, seeds = resolved.spec, resolved.seeds
         spec_path = str(resolved.spec_file or run_dir / RESOLVED_FILE)
         name, rep = spec.name, self.reporter
-        ident = f"{self.code.tree}:{spec.spec_hash()}:{prepared.version}:{','.join(map(str, seeds))}"
+        code = self.code_for(spec)
+        ident = f"{code.tree}:{spec.spec_hash()}:{prepared.version}:{','.join(map(str, seeds))}"
         stages = StageRunner(run_dir, ident, on_event=lambda s, e, r: rep.stage(name, s, e, _detail(r)) if s not in ("validate", "prepare") else None)
         resolved.write(run_dir / RESOLVED_FILE)
         atomic_write_json(
             run_dir / "identity.json",
-            {"experiment": name, "role": role, "run_id": run_id, "seeds": seeds, "code_version": self.code.tree,
-             "git_sha": self.code.git_sha, "dirty": self.code.dirty, "spec_hash": spec.spec_hash(),
+            {"experiment": name, "role": role, "run_id": run_id, "seeds": seeds, "code_version": code.tree,
+             "git_sha": code.git_sha, "dirty": code.dirty, "spec_hash": spec.spec_hash(),
              "data_version": prepared.version, "spec_path": spec_path, "pr": self.options.pr},
         )
         stages.run("validate", lambda: StageOutcome(
@@ -317,7 +328,7 @@ class ExperimentFlow:
     def _train_seed(self, resolved: ResolvedExperiment, seed: int, prepared: Any, run_dir: Path,
                     role: str) -> tuple[Path, bool]:
         spec = resolved.spec
-        identity = RunIdentity(spec.name, seed, self.code, resolved.spec_hash, prepared.version)
+        identity = RunIdentity(spec.name, seed, self.code_for(spec), resolved.spec_hash, prepared.version)
         # Two `pipeline run`s that need the same training (two PRs, one baseline) must not
         # train it twice into one directory: the second waits, then reuses the result.
         with identity_lock(runs_root(self.repo), identity.key):
@@ -541,9 +552,11 @@ class ExperimentFlow:
         name = os.environ.get("PIPELINE_REGISTRY_MODEL", "gitops-train")
         try:
             version = client.get_model_version_by_alias(name, CHAMPION)
-            run = client.get_run(version.run_id)
+            # The version belongs to its attestation run; the metrics live in the training run.
+            run_id = (version.tags or {}).get("pipeline.training_run_id") or version.run_id
+            run = client.get_run(run_id)
             experiment = client.get_experiment(run.info.experiment_id).name
-            return records_from_mlflow(client, experiment, f"attributes.run_id = '{version.run_id}'")
+            return records_from_mlflow(client, experiment, f"attributes.run_id = '{run_id}'")
         except Exception:  # no registered model or alias yet: nothing to compare against
             return []
 
@@ -581,6 +594,8 @@ class ExperimentFlow:
             # (the training job's GITHUB_TOKEN lives at most 24 h; a training may take 72).
             Path(export).mkdir(parents=True, exist_ok=True)
             atomic_write_text(Path(export) / "report.md", body)
+            if (report_dir / "result.json").is_file():  # the candidate runs and verdict, for the attest job
+                atomic_write_text(Path(export) / "result.json", (report_dir / "result.json").read_text(encoding="utf-8"))
             return Path(export) / "report.md"
         state = {"stage": "report"} | ({"validated_sha": self.options.sha} if self.options.sha else {})
         if self.options.pr and os.environ.get("GITHUB_TOKEN") and os.environ.get("GITHUB_REPOSITORY"):

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import checkpoint as ckpt
 from trainer.collectives import Collectives
-from trainer.model import hf_config
 from trainer.state import TrainState
 
 if TYPE_CHECKING:
@@ -81,12 +80,9 @@ class CheckpointGlue:
         from trainer.model import load_weights
 
         with torch.random.fork_rng(devices=[]):  # random init must not move the training RNG
-            from transformers import AutoModelForCausalLM
-
-            fresh = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-                hf_config(self.spec.model), attn_implementation=self.spec.model.attn_implementation)
+            fresh = self.spec.model.build()
         try:
-            load_weights(fresh, directory)
+            load_weights(fresh, directory, self.spec.model)
         except Exception as exc:  # noqa: BLE001 - any load failure makes the checkpoint invalid
             return f"weights do not load: {exc}"
         fresh.to(self.accelerator.device)
@@ -100,8 +96,9 @@ class CheckpointGlue:
 
     def _model_state(self, copy: bool) -> dict[str, Any]:
         state = self.raw_model.state_dict()
-        if getattr(self.raw_model.config, "tie_word_embeddings", False):
-            state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+        if self.spec.model.tie_word_embeddings:
+            tied = set(self.spec.model.tied_weight_names)
+            state = {k: v for k, v in state.items() if k not in tied}
         return ckpt.to_cpu(state, copy)  # type: ignore[no-any-return]
 
     def save(self, state: TrainState) -> float:
@@ -175,7 +172,7 @@ class CheckpointGlue:
         device = self.accelerator.device
         missing, unexpected = self.raw_model.load_state_dict(
             {k: v.to(device) for k, v in data["model"].items()}, strict=False)
-        missing = [k for k in missing if k != "lm_head.weight"]
+        missing = [k for k in missing if k not in self.spec.model.tied_weight_names]
         assert not missing and not unexpected, (missing, unexpected)
         self.optimizer.load_state_dict(data["optimizer"])
 
@@ -366,4 +363,4 @@ class ShardedCheckpointGlue(CheckpointGlue):
     def _load_weights_and_optimizer(self, path: Path, data: dict[str, Any]) -> None:
         from trainer import dcp
 
-        dcp.load_legacy(path, self.raw_model, self.optimizer)  # written by one process or DDP
+        dcp.load_legacy(path, self.raw_model, self.optimizer, self.spec.model)  # written by one process or DDP

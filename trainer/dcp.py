@@ -158,7 +158,7 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def load_legacy(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
+def load_legacy(directory: Path, model: torch.nn.Module, optimizer: Any, arch: Any) -> None:
     """A one-process / DDP checkpoint (model.safetensors + optimizer.pt) into a sharded model:
     weights streamed tensor by tensor; the optimizer state (indexed by parameter position, in
     the order `build_optimizer` lists them) re-keyed by name and distributed."""
@@ -167,7 +167,7 @@ def load_legacy(directory: Path, model: torch.nn.Module, optimizer: Any) -> None
 
     from trainer.parallel import load_full_weights
 
-    load_full_weights(model, directory)
+    load_full_weights(model, directory, arch)
     saved = torch.load(Path(directory) / "optimizer.pt", map_location="cpu", weights_only=False)
     opt = _optimizer(optimizer)
     names = {id(p): n for n, p in model.named_parameters()}

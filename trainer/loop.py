@@ -35,6 +35,7 @@ from trainer.collectives import Collectives
 from trainer.evaluation import Evaluator, update_best
 from trainer.faults import FaultPlan
 from trainer.host_memory import keep_freed_memory_in_heap
+from models import EXPORT_FILE
 from trainer.model import parameter_count
 from trainer.monitor import (
     DIVERGED_KINDS,
@@ -176,12 +177,16 @@ class Trainer:
             init_from = Path(__file__).resolve().parent.parent / init_from
         self.raw_model: torch.nn.Module = build_model(spec, topo, self.device, tr.seed, init_from, mesh)
         self.n_params = parameter_count(self.raw_model)
-        self.flops_per_token = flops_per_token(spec.model, self.seq_len, self.n_params)
+        declared = spec.model.parameter_count()
+        if self.n_params != declared:  # the plan, the memory check and MFU all rest on the declared count
+            raise TrainingError(f"models/{spec.model.model_type}.py: parameter_count() says {declared:,} but the "
+                                f"built model has {self.n_params:,}; fix the architecture's count")
+        self.flops_per_token = flops_per_token(spec.model, self.seq_len)
         peak = peak or device_peak(spec.resource, spec.train.precision)
         assert peak is not None, "an unknown gpu_type is refused by the resolve step"
         self.peak_flops = peak.flops_per_second(torch.get_num_threads())
         self.peak_source, self._mfu_warned = peak.source, False
-        self.optimizer = build_optimizer(self.raw_model, tr)
+        self.optimizer = build_optimizer(self.raw_model, tr, spec.model)
         self.total_steps = spec.total_steps(self.dp)
         self.scheduler = build_scheduler(self.optimizer, tr, self.total_steps)
         if tr.compile and topo.sharded:
@@ -519,6 +524,9 @@ class Trainer:
         result["layout"] = {"dp": self.dp, "tp": self.topo.tp, "fsdp": self.topo.fsdp, "sharded": self.topo.sharded,
                             "replicate": self.topo.replicate, "shard": self.topo.shard,
                             "params_on_rank0": self.local_params}
+        # How the exported model loads (or why it does not): the report states it.
+        result["export"] = (self.spec.model.export_note().model_dump() | {"architecture": self.spec.model.model_type,
+                            "optimizer": self.spec.train.optimizer.name})
         self.alerts.drain_to_sink()
         if self.is_main:
             self.sink.close(outcome.status)
@@ -572,17 +580,23 @@ class Trainer:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+        arch = self.spec.model
+        tied = set(arch.tied_weight_names) if arch.tie_word_embeddings else set()
+        tmp.mkdir(parents=True)
         if self.topo.sharded:
             # Streamed from the final checkpoint's shards: no process ever holds the full model.
             from trainer import dcp
 
-            tmp.mkdir(parents=True)
-            tied = bool(getattr(self.raw_model.config, "tie_word_embeddings", False))
             dcp.export_safetensors(self.ckpt_root / ckpt.checkpoint_name(self.state.step), tmp / "model.safetensors",
-                                   skip={"lm_head.weight"} if tied else set())
-            self.raw_model.config.save_pretrained(tmp)  # type: ignore[operator]
+                                   skip=tied)
         else:
-            self.raw_model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
+            from safetensors.torch import save_file
+
+            state = {k: v.detach().contiguous().cpu() for k, v in self.raw_model.state_dict().items() if k not in tied}
+            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        # The architecture writes what loading needs (a transformers config.json, ...) and says how.
+        note = arch.export(self.raw_model, tmp)  # the same note `export_note()` gives result.json
+        ckpt.write_json_atomic(tmp / EXPORT_FILE, {"model": arch.model_dump(mode="json"), "export": note.model_dump()})
         shutil.copy2(self.prepared.tokenizer_path, tmp / "tokenizer.json")
         shutil.rmtree(out, ignore_errors=True)
         os.rename(tmp, out)

@@ -1,4 +1,5 @@
-"""AdamW and the learning-rate schedule (warmup, then cosine / linear / constant decay)."""
+"""The optimizer (a plug-in under models/optimizers/) and the learning-rate schedule (warmup,
+then cosine / linear / constant decay)."""
 
 from __future__ import annotations
 
@@ -25,40 +26,19 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str, min
     return min_lr_ratio + (1.0 - min_lr_ratio) * decay
 
 
-def build_optimizer(model: Any, train: Any) -> Any:
-    """AdamW with weight decay on matrices only (norms, biases and embeddings' 1-D params excluded).
-
-    The fused kernel wherever torch has one for the parameters' device and dtype (CUDA, CPU,
-    ...): one pass over each parameter instead of a chain of foreach ops that materialise
-    temporaries. Measured on the bench model (bench/profile_trainer.py, 3.7M params, 2 cores):
-    see "AdamW `step()`" in bench/RESULTS.md. It is deterministic, and it can skip a step on
-    the device (`found_inf`) without reading the loss on the host.
-    """
-    import torch
-
-    decay, no_decay = [], []
-    for _, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        (decay if param.dim() >= 2 else no_decay).append(param)
-    groups = [
-        {"params": decay, "weight_decay": train.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    kwargs: dict[str, Any] = {"lr": train.lr, "betas": (train.beta1, train.beta2), "eps": 1e-8}
-    try:
-        return torch.optim.AdamW(groups, **kwargs, fused=True)
-    except RuntimeError:  # a device or dtype without a fused kernel: torch's own default choice
-        return torch.optim.AdamW(groups, **kwargs)
+def build_optimizer(model: Any, train: Any, arch: Any) -> Any:
+    """The spec's optimizer (`train.optimizer`, a file under models/optimizers/) over the
+    model's trainable parameters, each with the role the architecture gives it (hidden
+    matrix, embedding, head, scalar): Muon orthogonalises the hidden matrices only."""
+    named = [(name, p, arch.param_role(name, p)) for name, p in model.named_parameters() if p.requires_grad]
+    return train.optimizer.build(named, train)
 
 
-def implementation(optimizer: Any) -> str:
-    """`fused`, `foreach` or `for-loop`: which AdamW kernel `optimizer` runs (for the run record)."""
+def implementation(optimizer: Any, train: Any) -> str:
+    """Which optimizer kernel `optimizer` runs (for the run record)."""
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
-    defaults = inner.defaults
-    if defaults.get("fused"):
-        return "fused"
-    return "foreach" if defaults.get("foreach") else "for-loop"
+    label: str = train.optimizer.implementation(inner)
+    return label
 
 
 def build_scheduler(optimizer: Any, train: Any, total_steps: int) -> Any:

@@ -10,17 +10,20 @@ materialises only this rank's shards, so no rank ever holds the full model:
 
   - each decoder layer its own FSDP group, the input embeddings their own, the final norm +
     LM head one more (a tied embedding / LM head stays in the root group), then the root;
-  - TP (q/k/v/gate/up column-wise, o/down row-wise) on the `tp` axis of a 2-D mesh, FSDP on `dp`;
-  - parameters initialised one at a time from a seeded generator (HF's rules: normal(0,
-    initializer_range) for matrices, ones for norms, zeros for biases) and sliced to the
-    local shard, so every layout (plain, DDP, FSDP, TP) starts from identical weights.
+  - TP by the architecture's plan (`tensor_parallel_plan()`: module names -> column-wise,
+    row-wise, replicate) on the `tp` axis of a 2-D mesh, FSDP on `dp`;
+  - parameters initialised one at a time from a seeded generator (the architecture's
+    `init_parameter`) and sliced to the local shard, so every layout (plain, DDP, FSDP, TP)
+    starts from identical weights.
+
+What a model *is* (its blocks, embeddings, plan, initialisation) comes from its file under
+models/; nothing here branches on the architecture.
 
 The trainer checks after `prepare` that the model really is sharded (`assert_sharded`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,12 +36,6 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from validation.spec import ExperimentSpec, ParallelLayout
-
-# Module attribute names of the tensor-parallel plan (HF llama / qwen2 / mistral layers).
-TP_COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
-TP_ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
-TP_MODEL_TYPES = ("llama", "qwen2", "mistral")  # = validation.capability.TRAINER.tp_model_types
-
 
 @dataclass(frozen=True)
 class Topology:
@@ -115,21 +112,29 @@ def make_mesh(topo: Topology, device_type: str) -> DeviceMesh:
     return init_device_mesh(device_type, (topo.dp, topo.tp), mesh_dim_names=("dp", "tp"))
 
 
-def _tp_plan(model: torch.nn.Module, mesh: DeviceMesh) -> None:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+def apply_tp_plan(arch: Any, model: torch.nn.Module, mesh: DeviceMesh) -> None:
+    """The architecture's tensor-parallel plan (data: module names inside a block -> style),
+    applied to every block. `replicate` keeps a module's weight whole on every TP rank while its
+    input is split by head (dim 2 of [batch, seq, heads, head_dim]): DTensor sums its gradient
+    over the TP group (QK-norm's scales). A name that matches nothing in a block is refused."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
-    plan: dict[str, Any] = {name: ColwiseParallel() for name in TP_COLWISE}
-    plan |= {name: RowwiseParallel() for name in TP_ROWWISE}
-    for layer in _decoder_layers(model):
-        parallelize_module(layer, mesh, plan)
-
-
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    base = getattr(model, "model", None) or getattr(model, "transformer", None)
-    layers = getattr(base, "layers", None) or getattr(base, "h", None)
-    if layers is None:
-        raise TrainingError(f"cannot find the decoder layers of {type(model).__name__} to shard")
-    return list(layers)
+    styles: dict[str, Any] = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel,
+                              "replicate": lambda: SequenceParallel(sequence_dim=2, use_local_output=True)}
+    for index, block in enumerate(arch.blocks(model)):
+        names = {name for name, _ in block.named_modules()}
+        plan: dict[str, Any] = {}
+        for name, style in arch.tensor_parallel_plan().items():
+            if name not in names:
+                raise TrainingError(f"models/{arch.model_type}.py: tp_plan names '{name}', which block {index} "
+                                    f"({type(block).__name__}) does not have")
+            plan[name] = styles[style]()
+        parallelize_module(block, mesh, plan)
 
 
 def mixed_precision_policy(precision: str, reduce_dtype: str) -> Any:
@@ -148,79 +153,50 @@ def build_model(spec: ExperimentSpec, topo: Topology, device: torch.device, seed
     """The causal LM for this rank: plain on one device, or FSDP/TP-sharded on `mesh`."""
     import torch
     from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
 
-    from trainer.model import hf_config
-
-    m = spec.model
+    arch = spec.model
     with init_empty_weights(include_buffers=False):  # parameters on meta, buffers (rotary) real
-        model: Any = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-            hf_config(m), attn_implementation=m.attn_implementation)
-    model.config.use_cache = False
+        model: Any = arch.build()
     if spec.train.activation_checkpointing:
-        model.activation_checkpointing_enable({"use_reentrant": False})  # every decoder layer
+        arch.enable_activation_checkpointing(model)  # every block
     buffers = {name: buf.clone() for name, buf in model.named_buffers()}
     if topo.sharded:
         assert mesh is not None
         from torch.distributed.fsdp import fully_shard
 
         if topo.tp > 1:
-            if m.model_type not in TP_MODEL_TYPES:
-                raise TrainingError(f"tensor parallelism supports model_type {', '.join(TP_MODEL_TYPES)}, "
-                                    f"not {m.model_type}; set parallel.tp: 1")
-            _tp_plan(model, mesh["tp"])
+            if not arch.tensor_parallel_plan():
+                raise TrainingError(f"model_type {arch.model_type} declares no tensor-parallel plan; "
+                                    "set parallel.tp: 1")
+            apply_tp_plan(arch, model, mesh["tp"])
         policy = mixed_precision_policy(spec.train.precision, spec.parallel_layout().reduce_dtype)
         # A 2-D (replicate, shard) mesh makes fully_shard hybrid (HSDP).
         kw: dict[str, Any] = {"mesh": mesh if topo.replicate > 1 else mesh["dp"], "mp_policy": policy}
-        for layer in _decoder_layers(model):
-            fully_shard(layer, **kw)
-        embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-        tied = head is not None and head.weight is embed.weight
-        norm = getattr(getattr(model, "model", None), "norm", None) or getattr(
-            getattr(model, "transformer", None), "ln_f", None)
+        for block in arch.blocks(model):
+            fully_shard(block, **kw)
+        embed, tail = arch.input_embeddings(model), arch.output_modules(model)
+        head = tail[-1] if tail else None
+        tied = head is not None and getattr(head, "weight", None) is embed.weight
         if not tied:
             fully_shard(embed, **kw)
-            tail = [x for x in (head, norm) if x is not None]
             fully_shard(tail, **kw, reshard_after_forward=False)  # used at the end of forward, start of backward
         # A tied embedding / LM head (one tensor used first and last) stays in the root group: a
         # group of its own would reduce the head's gradient before the embedding's part arrives
         # (two reductions instead of one: the same sum, another rounding, no longer DDP-exact).
         fully_shard(model, **kw)
     model.to_empty(device=device)
-    if getattr(model.config, "tie_word_embeddings", False):
+    if arch.tie_word_embeddings and hasattr(model, "tie_weights"):
         model.tie_weights()  # `to_empty` swaps each tensor, which unties a shared output weight
     with torch.no_grad():
         for name, buf in model.named_buffers():
             if name in buffers:
                 buf.copy_(buffers[name])
     if init_from is not None:
-        load_full_weights(model, init_from)
+        load_full_weights(model, init_from, arch)
     else:
-        init_parameters(model, seed)
+        init_parameters(model, seed, arch)
     built: torch.nn.Module = model
     return built
-
-
-def _init_full(model: torch.nn.Module, name: str, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
-    """The full initial value of parameter `name` (HF's `_init_weights` rules, one tensor)."""
-    import torch
-
-    module = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-    leaf = name.rsplit(".", 1)[-1]
-    kind = type(module).__name__
-    config: Any = model.config
-    std = float(getattr(config, "initializer_range", 0.02) or 0.02)
-    if "Norm" in kind or kind.startswith("LayerNorm"):
-        return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
-    if leaf == "bias":
-        return torch.zeros(shape)
-    if config.model_type == "gpt2" and name.endswith("c_proj.weight"):
-        std /= math.sqrt(2 * config.n_layer)  # GPT-2's scaled residual projections
-    out = torch.empty(shape).normal_(0.0, std, generator=gen)
-    pad = getattr(module, "padding_idx", None)
-    if kind == "Embedding" and pad is not None:
-        out[pad] = 0.0
-    return out
 
 
 def _copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
@@ -235,8 +211,9 @@ def _copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
         param.copy_(full.to(param.device))
 
 
-def init_parameters(model: torch.nn.Module, seed: int) -> None:
-    """Seeded init, parameter by parameter in name order (the same draws in every layout)."""
+def init_parameters(model: torch.nn.Module, seed: int, arch: Any) -> None:
+    """Seeded init, parameter by parameter in name order (the same draws in every layout); the
+    architecture gives each parameter's full initial value (`init_parameter`)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -246,21 +223,21 @@ def init_parameters(model: torch.nn.Module, seed: int) -> None:
             if id(param) in seen:
                 continue
             seen.add(id(param))
-            _copy_full_into(param, _init_full(model, name, param.shape, gen))
+            _copy_full_into(param, arch.init_parameter(model, name, param.shape, gen))
 
 
-def load_full_weights(model: torch.nn.Module, directory: Path) -> None:
+def load_full_weights(model: torch.nn.Module, directory: Path, arch: Any) -> None:
     """`init_from` for any layout: each tensor read on its own from model.safetensors (streamed)."""
     import torch
     from safetensors import safe_open
 
     path = Path(directory) / "model.safetensors"
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    tied = set(arch.tied_weight_names) if arch.tie_word_embeddings else set()
     with safe_open(str(path), framework="pt") as fh, torch.no_grad():
         keys = set(fh.keys())
         for name, param in model.named_parameters():
             if name not in keys:
-                if tied and name.endswith("lm_head.weight"):
+                if name in tied:
                     continue
                 raise ValueError(f"{path}: missing {name}")
             _copy_full_into(param, fh.get_tensor(name))

@@ -21,17 +21,14 @@ SMOKE_CHECKPOINT_AT = 15
 
 
 def smoke_spec(spec: ExperimentSpec, tokenizer_vocab: int, steps: int = SMOKE_STEPS) -> ExperimentSpec:
-    """`spec` with a tiny model (hidden 64, 2 layers), short rows, one CPU process, `steps` steps.
+    """`spec` with a tiny model of the same architecture, short rows, one CPU process, `steps`
+    steps, and the experiment's own optimizer, lr and schedule (warmup shrunk in proportion).
 
     Built through validation (`validation.resolved.rebuild`), so the smoke spec is one a file could hold."""
-    m = spec.model
-    kv = 2 if (m.num_kv_heads and m.num_kv_heads < m.num_heads) else 4
     vocab = max(256, -(-tokenizer_vocab // 64) * 64)
     seq_len = min(spec.data.seq_len, 64)
-    model = {
-        "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": kv, "intermediate_size": 128,
-        "vocab_size": vocab, "max_position_embeddings": max(128, seq_len), "init_from": None,
-    }
+    # The architecture shrinks itself (models/<model_type>.py, `smoke_overrides`): same kind, tiny.
+    model = spec.model.smoke_overrides(vocab, seq_len)
     precision = spec.train.precision
     try:
         import torch
@@ -42,7 +39,7 @@ def smoke_spec(spec: ExperimentSpec, tokenizer_vocab: int, steps: int = SMOKE_ST
         pass
     train = {
         "max_steps": steps, "token_budget": None, "micro_batch_size": 4, "grad_accum_steps": 1,
-        "global_batch_size": None, "warmup_steps": 3, "lr": 3e-3, "schedule": "constant",
+        "global_batch_size": None, "warmup_steps": _shrunk_warmup(spec, steps),
         "log_interval": 5, "eval_interval": 10**6, "checkpoint_interval": SMOKE_CHECKPOINT_AT,
         "keep_last": 2, "async_checkpoint": False, "compile": False, "precision": precision,
         "min_micro_batch_size": 1, "early_stopping_patience": 0, "deterministic": True, "eval_batches": 2,
@@ -55,6 +52,13 @@ def smoke_spec(spec: ExperimentSpec, tokenizer_vocab: int, steps: int = SMOKE_ST
     changes |= {f"resource.{k}": v for k, v in resource.items()}
     changes |= {"data.seq_len": seq_len, "parallel": "auto", "sweep": None}
     return rebuild(spec, changes)
+
+
+def _shrunk_warmup(spec: ExperimentSpec, steps: int) -> int:
+    """The experiment's warmup as the same share of a `steps`-step run (at most a third of it):
+    the smoke keeps the experiment's optimizer, lr and schedule, shrunk in steps only."""
+    total = spec.total_steps(spec.parallel_layout().dp)
+    return min(steps // 3, round(spec.train.warmup_steps * steps / max(1, total)))
 
 
 def resolve_smoke(resolved: ResolvedExperiment, tokenizer_vocab: int) -> ResolvedExperiment:
@@ -78,6 +82,23 @@ def run_smoke(resolved: ResolvedExperiment, prepared: Any, run_dir: Path, tracki
     with holding_run_dir(run_dir):
         _clear_run_dir(run_dir)
         return _run_smoke_held(resolved, prepared, run_dir, tracking_uri, console_level, t0)
+
+
+def remeasure(resolved: ResolvedExperiment, built_params: int) -> dict[str, bool]:
+    """The real model against `spec.resolved.json`: its parameters as built, and its FLOPs per
+    token counted by torch on fake tensors (trainer.measure), must equal what the plan used."""
+    from trainer.measure import MeasureError, count_training_flops
+
+    spec = resolved.spec
+    try:
+        counted = count_training_flops(spec.model, spec.data.seq_len)
+    except MeasureError:
+        counted = float("nan")
+    declared = resolved.compute.flops_per_token
+    return {
+        "parameters_match": built_params == resolved.compute.parameters,
+        "flops_match": abs(counted - declared) <= 1e-9 * max(1.0, declared),
+    }
 
 
 def _clear_run_dir(run_dir: Path) -> None:
@@ -112,6 +133,7 @@ def _run_smoke_held(resolved: ResolvedExperiment, prepared: Any, run_dir: Path, 
         "loss_decreasing": bool(values) and sum(tail) / len(tail) < 0.8 * sum(head) / len(head),
         "checkpoint_validated": any(o.ok for o in first.checkpointer.outcomes),
     }
+    checks |= remeasure(small_resolved, first.n_params)
 
     # Resume from the mid-run checkpoint in a fresh run directory: losses must repeat bitwise.
     resume_dir = run_dir / "resume"

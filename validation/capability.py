@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from models import Architecture
 from validation.spec import ParallelLayout
 
 Axis = Literal["dp", "fsdp", "tp", "pp"]
@@ -37,20 +38,12 @@ class ExecutionCapability:
     """Axes usable when `resource.gpus_per_node > 0` (NCCL)."""
     cpu: frozenset[Axis]
     """Axes usable on CPU processes (gloo)."""
-    tp_model_types: frozenset[str] | None = None
-    """Model types whose layers the tensor-parallel plan knows (None: any)."""
 
-    def tp_supports(self, model_type: str) -> bool:
-        return self.tp_model_types is None or model_type in self.tp_model_types
-
-    def model_refusals(self, layout: ParallelLayout, model_type: str) -> list[tuple[Axis, str]]:
-        """(axis, what to change) when `layout` needs something the model's layers lack."""
-        if layout.tp > 1 and not self.tp_supports(model_type):
-            known = ", ".join(sorted(self.tp_model_types or ()))
-            return [("tp", f"tensor parallelism splits the q/k/v/o and MLP projections of {known} layers, "
-                           f"not {model_type}'s (validation/capability.py); set tp: 1 (fsdp: true shards "
-                           f"the model instead)")]
-        return []
+    def model_refusals(self, layout: ParallelLayout, model: Architecture) -> list[tuple[Axis, str]]:
+        """(axis, what to change) when `layout` needs something the architecture lacks: the
+        architecture file says which tensor-parallel degrees split it (`tp_problem`)."""
+        problem = model.tp_problem(layout.tp) if layout.tp > 1 else None
+        return [("tp", problem)] if problem else []
 
     def axes(self, on_gpu: bool) -> frozenset[Axis]:
         return self.gpu if on_gpu else self.cpu
@@ -75,8 +68,7 @@ class ExecutionCapability:
         return out
 
 
-TRAINER = ExecutionCapability(gpu=frozenset({"dp", "fsdp", "tp"}), cpu=frozenset({"dp", "fsdp", "tp"}),
-                              tp_model_types=frozenset({"llama", "qwen2", "mistral"}))
+TRAINER = ExecutionCapability(gpu=frozenset({"dp", "fsdp", "tp"}), cpu=frozenset({"dp", "fsdp", "tp"}))
 """What `python -m trainer` executes today."""
 
 EVERY_LAYOUT = ExecutionCapability(gpu=frozenset(AXES), cpu=frozenset({"dp"}))

@@ -1,6 +1,7 @@
 """Device peak FLOPS and training FLOPs per token: one table, one formula.
 
-Read by the preflight estimate (GPU-hours, wall time), the resolve step (written into
+The FLOPs are the architecture's own (models/<model_type>.py); this module is the one
+place the rest of the pipeline reads them from. Read by the preflight estimate (GPU-hours, wall time), the resolve step (written into
 `spec.resolved.json`), the trainer (MFU) and sweeps (the cost that breaks ties). Pure
 and standard library only.
 """
@@ -82,21 +83,21 @@ def device_peak(resource: ResourceSpec, precision: str) -> DevicePeak | None:
     return DevicePeak(peak, "device", f"table:{resource.gpu_type}")
 
 
-def matmul_parameters(model: ModelSpec, n_params: int | None = None) -> int:
-    """Parameters that take part in a matmul per token: all of them except gpt2's learned
-    position embeddings (a lookup). A tied embedding counts once, as the output projection."""
-    n = model.parameter_count() if n_params is None else n_params
-    if model.model_type == "gpt2":
-        n -= model.max_position_embeddings * model.hidden_size
-    return n
+def matmul_parameters(model: ModelSpec) -> int:
+    """Parameters that take part in a matmul per token, as the architecture declares them
+    (models/<model_type>.py): lookups (an untied input embedding, learned positions), norm
+    weights and biases are not matmuls. A tied embedding counts once, as the output projection."""
+    return model.matmul_parameters()
 
 
 def attention_flops_per_token(model: ModelSpec, seq_len: int) -> float:
-    """12 x layers x hidden x seq_len, forward + backward (PaLM, Chowdhery et al. 2022, App. B)."""
-    return 12.0 * model.num_layers * model.hidden_size * seq_len
+    """12 x layers x attention width x seq_len, forward + backward (PaLM, Chowdhery et al. 2022,
+    App. B), as the architecture declares it."""
+    return model.attention_flops_per_token(seq_len)
 
 
-def flops_per_token(model: ModelSpec, seq_len: int, n_params: int | None = None) -> float:
-    """Training FLOPs per token: 6N for the matmuls (forward 2N + backward 4N; Kaplan et al.
-    2020) plus the attention term. `n_params` defaults to the spec's exact count."""
-    return 6.0 * matmul_parameters(model, n_params) + attention_flops_per_token(model, seq_len)
+def flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Training FLOPs per token: 6 x matmul parameters (forward 2 + backward 4; Kaplan et al.
+    2020) plus the attention term; declared by the architecture, checked in
+    tests/test_models_contract.py against torch's FLOP counter on fake tensors."""
+    return model.flops_per_token(seq_len)

@@ -47,17 +47,20 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class StateBytes:
-    """Bytes per parameter kept for training with AdamW (ZeRO paper, Rajbhandari et al. 2020, §3.1)."""
+    """Bytes per parameter kept for training (ZeRO paper, Rajbhandari et al. 2020, §3.1)."""
 
     weights: int
     """The weights the forward pass reads."""
     gradients: int
     """One gradient per weight, in the weights' precision."""
-    optimizer: int
-    """AdamW: first and second moments (fp32), plus an fp32 master copy under mixed precision."""
+    optimizer: float
+    """The optimizer's own state (its file under models/optimizers/ declares it per parameter
+    role; AdamW: first and second moments, fp32), plus an fp32 master copy under mixed precision.
+    A mean over the model's parameters when it differs by role (Muon)."""
+    optimizer_name: str = "adamw"
 
     @property
-    def total(self) -> int:
+    def total(self) -> float:
         return self.weights + self.gradients + self.optimizer
 
 
@@ -75,6 +78,10 @@ STATE_BYTES: dict[str, StateBytes] = {
 # s*b*h*(34 + 5*a*s/h) bytes. In fp32 every stored tensor doubles; 2x is a slight
 # overestimate (the masks stay 1 byte), which is the safe side.
 ACTIVATION_PRECISION_FACTOR: dict[str, int] = {"bf16": 1, "fp16": 1, "fp32": 2}
+# Bytes of one saved activation element: the architectures declare their saved tensors in
+# elements (models/<model_type>.py, `activation_bytes_per_layer`).
+ACTIVATION_ELEMENT_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+MASTER_WEIGHT_BYTES: dict[str, int] = {"bf16": 4, "fp16": 4, "fp32": 0}
 
 # The 5*a*s^2*b term is the attention score matrix (softmax, its dropout mask and
 # output). Fused SDPA kernels (flash / memory-efficient) keep only a log-sum-exp and
@@ -369,28 +376,40 @@ def estimate_memory(spec: ExperimentSpec, layout: ParallelLayout) -> MemoryEstim
     return _memory(spec, layout.dp, layout.tp, layout.pp, layout.fsdp, spec.train.micro_batch_size)
 
 
+def state_bytes(spec: ExperimentSpec) -> StateBytes:
+    """Bytes per parameter of weights, gradients and optimizer state for `spec`'s precision and
+    optimizer: the optimizer file's state bytes per role, weighted by the parameters of each
+    role (hidden matrices vs the rest), plus the fp32 master copy of mixed precision."""
+    model, train = spec.model, spec.train
+    base = STATE_BYTES[train.precision]
+    total = model.parameter_count()
+    head = model.vocab_size * model.hidden_size
+    hidden = max(0, min(total, model.matmul_parameters() - head))
+    opt = train.optimizer
+    square = (model.hidden_size, model.hidden_size)
+    per_param = (hidden * opt.state_bytes_per_parameter("hidden", square)
+                 + (total - hidden) * opt.state_bytes_per_parameter("embedding", (model.vocab_size, model.hidden_size))
+                 ) / max(1, total)
+    return StateBytes(weights=base.weights, gradients=base.gradients,
+                      optimizer=round(MASTER_WEIGHT_BYTES[train.precision] + per_param, 3), optimizer_name=opt.name)
+
+
 def _memory(spec: ExperimentSpec, dp: int, tp: int, pp: int, fsdp: bool, micro_batch: int) -> MemoryEstimate:
     model, train, resource = spec.model, spec.train, spec.resource
     on_gpu = resource.gpus_per_node > 0
-    state = STATE_BYTES[train.precision]
+    state = state_bytes(spec)
     sharding = tp * pp * (dp if fsdp else 1)
-    embedding = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
-    if model.model_type == "gpt2":
-        embedding += model.max_position_embeddings * model.hidden_size
-    layers_total = model.parameter_count() - embedding
+    embedding = model.embedding_parameters()
+    layers_total = model.block_parameters()
     # tp splits the decoder layers only (see ACTIVATION_UNSPLIT_BY_TP); pp and FSDP split everything.
     params_here = -(-(-(-layers_total // tp) + embedding) // (pp * (dp if fsdp else 1)))
 
-    per_layer = activation_bytes_per_layer(
-        spec.data.seq_len,
-        micro_batch,
-        model.hidden_size,
-        model.num_heads,
-        store_attention_scores=ATTENTION_SCORES_STORED[model.attn_implementation],
-    )
-    replicated = ACTIVATION_UNSPLIT_BY_TP * spec.data.seq_len * micro_batch * model.hidden_size if tp > 1 else 0
+    element = ACTIVATION_ELEMENT_BYTES[train.precision]
+    # The architecture's own count of what one block saves (models/<model_type>.py).
+    per_layer = model.activation_bytes_per_layer(spec.data.seq_len, micro_batch, element)
+    unsplit = ACTIVATION_UNSPLIT_BY_TP // 2 * element  # Korthikanti's 10 of 34 bytes, per element
+    replicated = unsplit * spec.data.seq_len * micro_batch * model.hidden_size if tp > 1 else 0
     per_layer = replicated + -(-(per_layer - replicated) // tp)
-    per_layer = per_layer * ACTIVATION_PRECISION_FACTOR[train.precision]
     in_flight = min(pp, train.grad_accum_steps)
     activations = per_layer * (model.num_layers // pp) * in_flight
     logits = spec.data.seq_len * micro_batch * model.vocab_size * LOGIT_BYTES_PER_ELEMENT
@@ -409,7 +428,7 @@ def _memory(spec: ExperimentSpec, dp: int, tp: int, pp: int, fsdp: bool, micro_b
         parameters_per_device=params_here,
         weights_bytes=params_here * state.weights,
         gradients_bytes=params_here * state.gradients,
-        optimizer_bytes=params_here * state.optimizer,
+        optimizer_bytes=int(params_here * state.optimizer),
         activations_bytes=activations,
         logits_bytes=logits,
         overhead_bytes=FRAMEWORK_OVERHEAD_BYTES_GPU if on_gpu else FRAMEWORK_OVERHEAD_BYTES_CPU,
@@ -466,10 +485,11 @@ def _candidates(
     axes = capability.axes(on_gpu=True)
     gpn = resource.gpus_per_node
     world = nodes * gpn
-    heads, kv, layers = spec.model.num_heads, spec.model.kv_heads, spec.model.num_layers
-    tps = [t for t in range(1, gpn + 1) if gpn % t == 0 and heads % t == 0 and kv % t == 0]
+    layers = spec.model.num_layers
+    # The architecture says which degrees split it (heads, kv heads, a declared TP plan).
+    tps = [t for t in range(1, gpn + 1) if gpn % t == 0 and spec.model.tp_problem(t) is None]
     pps = [p for p in range(1, layers + 1) if layers % p == 0]
-    tps = tps if "tp" in axes and capability.tp_supports(spec.model.model_type) else [1]
+    tps = tps if "tp" in axes else [1]
     pps = pps if "pp" in axes else [1]
     for pp in pps:
         for tp in tps:
@@ -839,7 +859,8 @@ def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ),
         ("weights", f"{format_bytes(m.weights_bytes)} ({m.state_bytes.weights} B/param)"),
         ("gradients", f"{format_bytes(m.gradients_bytes)} ({m.state_bytes.gradients} B/param)"),
-        ("optimizer", f"{format_bytes(m.optimizer_bytes)} ({m.state_bytes.optimizer} B/param, AdamW)"),
+        ("optimizer", f"{format_bytes(m.optimizer_bytes)} ({m.state_bytes.optimizer:g} B/param, "
+                      f"{m.state_bytes.optimizer_name})"),
         ("activations", format_bytes(m.activations_bytes)),
         ("logits", format_bytes(m.logits_bytes)),
         ("ddp/fsdp", f"{format_bytes(m.wrapper_bytes)} ({_wrapper_what(plan.parallel)})"),

@@ -49,10 +49,9 @@ def parallel_divides_model(spec: ExperimentSpec) -> Iterator[Violation]:
     if not isinstance(spec.parallel, ParallelLayout):
         return
     layout, model, res = spec.parallel, spec.model, spec.resource
-    if model.num_heads % layout.tp:
-        yield Violation(("parallel", "tp"), f"tp={layout.tp} must divide model.num_heads ({model.num_heads})")
-    elif model.kv_heads % layout.tp:
-        yield Violation(("parallel", "tp"), f"tp={layout.tp} must divide model.num_kv_heads ({model.kv_heads})")
+    problem = model.tp_problem(layout.tp) if model.tensor_parallel_plan() else None  # no plan at all: layout_is_executable
+    if problem:
+        yield Violation(("parallel", "tp"), problem)
     if res.gpus_per_node and layout.tp > 1 and res.gpus_per_node % layout.tp:
         yield Violation(
             ("parallel", "tp"),
@@ -92,7 +91,7 @@ def layout_is_executable(
         return
     for axis, message in capability.refusals(spec.parallel, on_gpu=spec.resource.gpus_per_node > 0):
         yield Violation(("parallel", axis), message)
-    for axis, message in capability.model_refusals(spec.parallel, spec.model.model_type):
+    for axis, message in capability.model_refusals(spec.parallel, spec.model):
         yield Violation(("parallel", axis), message)
 
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+
+from models import Architecture, OptimizerConfig, architectures, optimizers
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{2,63}$"
 SOURCE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -75,6 +77,14 @@ class Hypothesis(Section):
                              "lower it, or state why in hypothesis.alpha_override")
         return value
 
+    @model_validator(mode="after")
+    def _reachable_margin(self) -> Hypothesis:
+        # A decrease of 100 % or more cannot happen (the verdict's margin is -log(1 - min_effect)).
+        if self.direction == "decrease" and self.min_effect >= 1:
+            raise ValueError(f"min_effect {self.min_effect:g} for a decrease must be below 1 "
+                             "(1 would mean the metric falls to zero)")
+        return self
+
     @field_validator("statement")
     @classmethod
     def _real_sentence(cls, value: str) -> str:
@@ -89,74 +99,29 @@ class Hypothesis(Section):
 # --------------------------------------------------------------------------- model
 
 
-class ModelSpec(Section):
-    """The network, built from config with transformers (never downloaded)."""
+def _union(classes: dict[str, type[BaseModel]], key: str) -> Any:
+    """A discriminated union of plug-in config classes (one member: the class itself)."""
+    members = tuple(classes.values())
+    if len(members) == 1:
+        return members[0]
+    return Annotated[Union[members], Field(discriminator=key)]  # noqa: UP007 - built at run time
 
-    model_type: Literal["llama", "gpt2", "qwen2", "mistral"]
-    """A Hugging Face `model_type`; the model is randomly initialised from these sizes."""
-    hidden_size: Annotated[int, Field(ge=8, le=65536)]
-    """Width of the residual stream."""
-    num_layers: Annotated[int, Field(ge=1, le=512)]
-    """Number of transformer blocks."""
-    num_heads: Annotated[int, Field(ge=1, le=1024)]
-    """Attention heads; must divide `hidden_size`."""
-    num_kv_heads: Annotated[int, Field(ge=1, le=1024)] | None = None
-    """Key/value heads for grouped-query attention (defaults to `num_heads`; ignored by gpt2)."""
-    intermediate_size: Annotated[int, Field(ge=8, le=1048576)] | None = None
-    """MLP width (defaults to 4 x hidden for gpt2, about 8/3 x hidden for the others)."""
-    vocab_size: Annotated[int, Field(ge=256, le=1048576)]
-    """Embedding rows; must be at least the tokenizer's vocabulary."""
-    max_position_embeddings: Annotated[int, Field(ge=16, le=1048576)] = 2048
-    """Longest sequence the position encoding supports; must be >= `data.seq_len`."""
-    tie_word_embeddings: bool = True
-    """Share the input embedding and the output projection."""
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
-    """Attention kernel; both honour document boundaries in packed rows."""
-    init_from: Annotated[str, Field(max_length=512)] | None = None
-    """Optional local checkpoint directory (inside a data root) to initialise the weights from."""
 
-    @model_validator(mode="after")
-    def _heads_divide_width(self) -> ModelSpec:
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})")
-        kv = self.num_kv_heads or self.num_heads
-        if self.num_heads % kv:
-            raise ValueError(f"num_kv_heads ({kv}) must divide num_heads ({self.num_heads})")
-        return self
+ARCHITECTURES: dict[str, type[Architecture]] = architectures()
+"""model_type -> config class, one per file under models/ (`models.architectures`)."""
+OPTIMIZERS: dict[str, type[OptimizerConfig]] = optimizers()
+"""optimizer name -> config class, one per file under models/optimizers/."""
 
-    @property
-    def kv_heads(self) -> int:
-        """Key/value heads the built model has: gpt2 has no grouped-query attention, so its
-        `num_kv_heads` (if given) is ignored and every head has its own keys and values."""
-        if self.model_type == "gpt2":
-            return self.num_heads
-        return self.num_kv_heads or self.num_heads
+ModelSpec = Architecture
+"""The type every `spec.model` has: an architecture's `Config` (see models/__init__.py)."""
+ModelUnion: Any = _union(ARCHITECTURES, "model_type")  # type: ignore[arg-type]
+OptimizerUnion: Any = _union(OPTIMIZERS, "name")  # type: ignore[arg-type]
 
-    @property
-    def ffn_size(self) -> int:
-        if self.intermediate_size:
-            return self.intermediate_size
-        if self.model_type == "gpt2":
-            return 4 * self.hidden_size
-        return int(8 * self.hidden_size / 3 + 63) // 64 * 64
 
-    def parameter_count(self) -> int:
-        """Exact parameter count of the transformers model this spec builds."""
-        h, ffn, v, L = self.hidden_size, self.ffn_size, self.vocab_size, self.num_layers
-        kv = self.kv_heads
-        head_dim = h // self.num_heads
-        if self.model_type == "gpt2":
-            per_layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * ffn + ffn) + (ffn * h + h) + 4 * h
-            total = v * h + self.max_position_embeddings * h + L * per_layer + 2 * h
-        else:
-            attn = h * h + 2 * h * kv * head_dim + h * h
-            if self.model_type == "qwen2":
-                attn += h + 2 * kv * head_dim  # q/k/v biases
-            per_layer = attn + 3 * h * ffn + 2 * h
-            total = v * h + L * per_layer + h
-        if not self.tie_word_embeddings:
-            total += v * h
-        return total
+def model_spec(data: dict[str, Any]) -> Architecture:
+    """Validate a `model` section on its own (tests, tools)."""
+    spec: Architecture = TypeAdapter(ModelUnion).validate_python(data)
+    return spec
 
 
 # --------------------------------------------------------------------------- data
@@ -248,7 +213,7 @@ class TrainSpec(Section):
     """Optimisation, precision, checkpoints and evaluation."""
 
     lr: Annotated[float, Field(gt=0.0, le=1.0)] = 3e-3
-    """Peak learning rate of AdamW."""
+    """Peak learning rate (of the AdamW groups under `optimizer: {name: muon}`)."""
     min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
     """Final learning rate as a fraction of `lr` (cosine and linear schedules)."""
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
@@ -268,11 +233,10 @@ class TrainSpec(Section):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Compute precision through accelerate (bf16 also works on CPUs with avx512_bf16)."""
     weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
-    """AdamW weight decay."""
-    beta1: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    """AdamW beta1."""
-    beta2: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.95
-    """AdamW beta2."""
+    """Decoupled weight decay on matrices (norm weights and biases excluded)."""
+    optimizer: OptimizerUnion = OPTIMIZERS["adamw"]()
+    """The optimizer and its own fields, selected by `name` (a file under models/optimizers/):
+    `adamw` (default), `muon` (hidden matrices; AdamW on the rest), `adafactor`, `sgd`."""
     grad_clip: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0
     """Global gradient-norm clip (0 disables)."""
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 1234
@@ -436,8 +400,8 @@ class ExperimentSpec(Section):
     """Free text for the PR comment."""
     hypothesis: Hypothesis
     """The claim this experiment tests."""
-    model: ModelSpec
-    """The network."""
+    model: ModelUnion
+    """The network: `model_type` names a file under models/ whose fields follow."""
     data: DataSpec
     """The data mixture."""
     train: TrainSpec

@@ -1,0 +1,335 @@
+"""Architectures and optimizers as plug-ins: one file each, one small typed contract.
+
+A new architecture is one file `models/<name>.py` (a package `models/<name>/` when it grows)
+that defines `Config`, a subclass of `Architecture` whose `model_type` is `Literal["<name>"]`.
+A new optimizer is one file `models/optimizers/<name>.py` defining `Config`, a subclass of
+`OptimizerConfig` whose `name` is `Literal["<name>"]`. Nothing else in the repository is
+edited: `validation/` builds the spec's `model` and `train.optimizer` unions from what it
+finds here, `trainer/` asks the file how to build, shard, initialise and export the model.
+Files whose name starts with `_` are helpers, not plug-ins. See docs/architectures.md.
+
+The contract, in two halves (torchtitan's TrainSpec and levanter's registered LmConfig):
+
+torch-free (read by `pipeline validate` and `plan`, which must not import torch, so the
+module's top level imports pydantic and the standard library only; torch and transformers
+are imported inside the methods of the second half):
+  - the config fields: a pydantic section with a docstring per field (they become the JSON
+    Schema in experiments/schema.json and the file:line errors of `pipeline validate`);
+  - `parameter_count()`: exact, checked against the model built on the meta device;
+  - `flops_per_token(seq_len)`: training FLOPs per token (forward + backward, the MFU
+    convention: 6 x the parameters that take part in a matmul, plus 12 x layers x attention
+    width x seq_len), checked against torch's FLOP counter on fake tensors;
+  - `block_parameters()`: parameters inside the decoder blocks (tensor parallelism splits
+    those; the rest is embeddings, head and final norm);
+  - `activation_bytes_per_layer(seq_len, micro_batch, element_bytes)`: what one block saves
+    for the backward pass, for the memory plan (checked against saved tensors measured in
+    bench/bench_architectures.py);
+  - `tp_plan`: module names inside one block -> "colwise" | "rowwise" | "replicate"
+    (data: the trainer applies it, and refuses a name no block has; an empty plan means no
+    tensor parallelism; `tensor_parallel_plan()` returns it for one configuration), and
+    `tp_problem(tp)`: why a degree does not divide this model, or None;
+  - `smoke_overrides(vocab_size, seq_len)`: field values of a tiny model of this kind;
+  - `export_note()`: how the exported directory loads (or why it does not).
+
+torch (the execution layer calls these; imports happen inside):
+  - `build()`: the causal LM (the trainer calls it under the meta device); its forward takes
+    `input_ids`, `position_ids`, `labels` (-100 = not scored; shifted inside, the HF
+    convention) and `use_cache`, and returns an object with `.loss` and `.logits`;
+  - `blocks(model)`, `input_embeddings(model)`, `output_modules(model)`: the FSDP units
+    (each block its own group, the embedding one, final norm + head one) and the
+    activation-checkpointing units;
+  - `param_role(name, param)`: "hidden" (a 2-D matrix inside a block), "embedding", "head"
+    or "scalar" (norm weights and biases): what an optimizer like Muon treats as a hidden
+    matrix;
+  - `init_parameter(model, name, shape, generator)`: the full initial value of one parameter
+    (the trainer slices it to the local shard, so every layout starts identically);
+  - `enable_activation_checkpointing(model)`;
+  - `export(out_dir)`: write config (and whatever else loading needs) next to the
+    `model.safetensors` the trainer wrote; returns the same note as `export_note()`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import pkgutil
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import torch
+
+ParamRole = Literal["hidden", "embedding", "head", "scalar"]
+TPStyle = Literal["colwise", "rowwise", "replicate"]
+
+MODELS_DIR = Path(__file__).resolve().parent
+OPTIMIZERS_PACKAGE = "optimizers"
+
+
+class PluginSection(BaseModel):
+    """Frozen, unknown keys refused, docstrings become descriptions (like every spec section)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class ExportNote(BaseModel):
+    """How an exported model directory is loaded: stated in result.json and the report."""
+
+    model_config = ConfigDict(frozen=True)
+
+    loadable: bool
+    """True when `how` loads the same model (same logits) from the directory."""
+    how: str
+    """One sentence: the loader call, or why there is none."""
+
+
+class Architecture(PluginSection):
+    """Base of every architecture's `Config`. The fields here are the ones the framework
+    itself reads (tokenizer fit, sequence length, weight loading); a subclass adds its own."""
+
+    model_type: str
+    """The architecture: the name of its file under models/ (overridden by a Literal)."""
+    hidden_size: Annotated[int, Field(ge=8, le=65536)]
+    """Width of the residual stream."""
+    num_layers: Annotated[int, Field(ge=1, le=512)]
+    """Number of transformer blocks."""
+    num_heads: Annotated[int, Field(ge=1, le=1024)]
+    """Attention heads; must divide `hidden_size`."""
+    vocab_size: Annotated[int, Field(ge=256, le=1048576)]
+    """Embedding rows; must be at least the tokenizer's vocabulary."""
+    max_position_embeddings: Annotated[int, Field(ge=16, le=1048576)] = 2048
+    """Longest sequence the position encoding supports; must be >= `data.seq_len`."""
+    tie_word_embeddings: bool = True
+    """Share the input embedding and the output projection."""
+    init_from: Annotated[str, Field(max_length=512)] | None = None
+    """Optional local checkpoint directory (inside a data root) to initialise the weights from."""
+
+    tp_plan: ClassVar[dict[str, TPStyle]] = {}
+    """Module names inside one block -> tensor-parallel style; empty: no tensor parallelism."""
+    tied_weight_names: ClassVar[tuple[str, ...]] = ("lm_head.weight",)
+    """State-dict keys that are the input embedding when `tie_word_embeddings` (not saved twice)."""
+
+    # ------------------------------------------------------------------ torch-free facts
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads the built model has (grouped-query attention overrides this)."""
+        return self.num_heads
+
+    def parameter_count(self) -> int:
+        raise NotImplementedError(f"{type(self).__module__}: parameter_count() is part of the contract")
+
+    def embedding_parameters(self) -> int:
+        """Parameters outside the blocks: embeddings, head, final norm."""
+        return self.parameter_count() - self.block_parameters()
+
+    def block_parameters(self) -> int:
+        raise NotImplementedError(f"{type(self).__module__}: block_parameters() is part of the contract")
+
+    def matmul_parameters(self) -> int:
+        """Parameters that take part in a matmul per token (default: all but the norm weights
+        and biases the block counts report, and an untied input embedding, which is a lookup)."""
+        raise NotImplementedError(f"{type(self).__module__}: matmul_parameters() is part of the contract")
+
+    def attention_flops_per_token(self, seq_len: int) -> float:
+        """12 x layers x (heads x head_dim) x seq_len, forward + backward (PaLM, App. B)."""
+        return 12.0 * self.num_layers * self.num_heads * self.head_dim * seq_len
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """6 x matmul parameters + attention: the MFU convention, exact for the matmuls."""
+        return 6.0 * self.matmul_parameters() + self.attention_flops_per_token(seq_len)
+
+    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: int) -> int:
+        raise NotImplementedError(f"{type(self).__module__}: activation_bytes_per_layer() is part of the contract")
+
+    def tensor_parallel_plan(self) -> dict[str, TPStyle]:
+        """`tp_plan` for this configuration (a variant drops the modules it does not build)."""
+        return dict(self.tp_plan)
+
+    def tp_problem(self, tp: int) -> str | None:
+        """Why tensor-parallel degree `tp` cannot split this model (None: it can)."""
+        if tp == 1:
+            return None
+        if not self.tensor_parallel_plan():
+            return (f"model_type {self.model_type} declares no tensor-parallel plan (models/{self.model_type}.py); "
+                    "set tp: 1 (fsdp: true shards the model instead)")
+        if self.num_heads % tp:
+            return f"tp={tp} must divide model.num_heads ({self.num_heads})"
+        if self.kv_heads % tp:
+            return f"tp={tp} must divide model.num_kv_heads ({self.kv_heads})"
+        return None
+
+    def smoke_overrides(self, vocab_size: int, seq_len: int) -> dict[str, Any]:
+        """Field values of a tiny model of this kind (hidden 64, 2 layers, 4 heads)."""
+        return {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": vocab_size,
+                "max_position_embeddings": max(128, seq_len), "init_from": None}
+
+    def export_note(self) -> ExportNote:
+        return ExportNote(loadable=False, how=f"model_type {self.model_type} declares no export")
+
+    # ------------------------------------------------------------------ torch half
+
+    def build(self) -> torch.nn.Module:
+        raise NotImplementedError(f"{type(self).__module__}: build() is part of the contract")
+
+    def blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        raise NotImplementedError(f"{type(self).__module__}: blocks() is part of the contract")
+
+    def input_embeddings(self, model: torch.nn.Module) -> torch.nn.Module:
+        raise NotImplementedError(f"{type(self).__module__}: input_embeddings() is part of the contract")
+
+    def output_modules(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        raise NotImplementedError(f"{type(self).__module__}: output_modules() is part of the contract")
+
+    def param_role(self, name: str, param: torch.Tensor) -> ParamRole:
+        """Default: 2-D tensors inside a block are hidden matrices, other 1-D tensors scalars."""
+        if param.dim() < 2:
+            return "scalar"
+        if "embed" in name or name.endswith("wte.weight") or name.endswith("wpe.weight"):
+            return "embedding"
+        if name.startswith("lm_head"):
+            return "head"
+        return "hidden"
+
+    def init_parameter(self, model: torch.nn.Module, name: str, shape: Any, gen: torch.Generator) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__module__}: init_parameter() is part of the contract")
+
+    def enable_activation_checkpointing(self, model: torch.nn.Module) -> None:
+        raise NotImplementedError(f"{type(self).__module__}: activation checkpointing is not declared")
+
+    def export(self, model: torch.nn.Module, out_dir: Path) -> ExportNote:
+        return self.export_note()
+
+
+class OptimizerConfig(PluginSection):
+    """Base of every optimizer's `Config` (`train.optimizer`), selected by `name`."""
+
+    name: str
+    """The optimizer: the name of its file under models/optimizers/ (overridden by a Literal)."""
+
+    def state_bytes_per_parameter(self, role: ParamRole, shape: tuple[int, ...] | None = None) -> float:
+        """fp32 optimizer state kept per parameter of `role` (for the memory plan)."""
+        raise NotImplementedError(f"{type(self).__module__}: state_bytes_per_parameter() is part of the contract")
+
+    def build(self, named_params: list[tuple[str, torch.Tensor, ParamRole]], train: Any) -> torch.optim.Optimizer:
+        """The optimizer over `named_params` (name, parameter, role); `train` is the spec's
+        `train` section (lr, weight_decay)."""
+        raise NotImplementedError(f"{type(self).__module__}: build() is part of the contract")
+
+    def implementation(self, optimizer: Any) -> str:
+        """Which kernel runs (for the run record)."""
+        return self.name
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+class PluginError(Exception):
+    """A file under models/ does not follow the contract (its path and what is wrong)."""
+
+
+def _module_names(package_dir: Path) -> list[str]:
+    return sorted(info.name for info in pkgutil.iter_modules([str(package_dir)])
+                  if not info.name.startswith("_") and info.name != OPTIMIZERS_PACKAGE)
+
+
+def _load(module_name: str, base: type[PluginSection], key: str, stem: str) -> type[PluginSection]:
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a broken plug-in names itself, not a traceback deep in pydantic
+        raise PluginError(f"{module_name.replace('.', '/')}.py: cannot import: {type(exc).__name__}: {exc}") from exc
+    config = getattr(module, "Config", None)
+    if not (isinstance(config, type) and issubclass(config, base)):
+        raise PluginError(f"{module_name.replace('.', '/')}.py: defines no `Config` subclass of {base.__name__}")
+    field = config.model_fields.get(key)
+    args = getattr(field.annotation, "__args__", ()) if field is not None else ()
+    if tuple(args) != (stem,):
+        raise PluginError(f"{module_name.replace('.', '/')}.py: Config.{key} must be Literal['{stem}'] "
+                          "(the file's name)")
+    return config
+
+
+@cache
+def architectures() -> dict[str, type[Architecture]]:
+    """model_type -> Config class, for every architecture file under models/."""
+    found: dict[str, type[Architecture]] = {}
+    for name in _module_names(MODELS_DIR):
+        found[name] = _load(f"models.{name}", Architecture, "model_type", name)  # type: ignore[assignment]
+    return found
+
+
+@cache
+def optimizers() -> dict[str, type[OptimizerConfig]]:
+    """name -> Config class, for every optimizer file under models/optimizers/."""
+    found: dict[str, type[OptimizerConfig]] = {}
+    for name in _module_names(MODELS_DIR / OPTIMIZERS_PACKAGE):
+        found[name] = _load(f"models.{OPTIMIZERS_PACKAGE}.{name}", OptimizerConfig, "name", name)  # type: ignore[assignment]
+    return found
+
+
+def source_files(model_type: str | None = None, optimizer: str | None = None) -> list[Path]:
+    """The files a run's code version covers: this package's contract and helpers, plus the
+    architecture's and optimizer's own files (not every plug-in: a PR adding an architecture
+    leaves the identity of runs that do not use it unchanged)."""
+    files = sorted(p for p in MODELS_DIR.glob("_*.py")) + [MODELS_DIR / "__init__.py"]
+    opt_dir = MODELS_DIR / OPTIMIZERS_PACKAGE
+    files += sorted(p for p in opt_dir.glob("_*.py"))
+    for stem, base in ((model_type, MODELS_DIR), (optimizer, opt_dir)):
+        if stem is None:
+            continue
+        single = base / f"{stem}.py"
+        package = base / stem
+        if single.is_file():
+            files.append(single)
+        elif package.is_dir():
+            files += sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
+    return [f for f in files if f.is_file()]
+
+
+def source_hash(model_type: str | None = None, optimizer: str | None = None) -> str:
+    """sha256 (16 hex) of `source_files(...)`, names and bytes."""
+    h = hashlib.sha256()
+    for f in source_files(model_type, optimizer):
+        h.update(str(f.relative_to(MODELS_DIR)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+EXPORT_FILE = "export.json"
+"""Written by the trainer into every exported model directory: the architecture's fields and
+its `ExportNote`."""
+
+
+def load_exported(directory: str | Path) -> Any:
+    """The model of an exported directory (RUN/model/), whatever its architecture: the
+    architecture named in export.json rebuilt from its fields, `model.safetensors` loaded
+    strictly (a tied output weight is legitimately absent), in eval mode."""
+    import json
+
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    info = json.loads((directory / EXPORT_FILE).read_text())
+    fields = dict(info["model"])
+    arch = architectures()[fields["model_type"]].model_validate(fields)
+    model = arch.build()
+    state = load_file(str(directory / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(arch.tied_weight_names) if arch.tie_word_embeddings else set()
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise ValueError(f"{directory}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if arch.tie_word_embeddings and hasattr(model, "tie_weights"):
+        model.tie_weights()
+    model.eval()
+    return model
+
+
+__all__ = ["EXPORT_FILE", "load_exported", "Architecture", "ExportNote", "OptimizerConfig", "ParamRole", "PluginError", "PluginSection",
+           "TPStyle", "architectures", "optimizers", "source_files", "source_hash"]

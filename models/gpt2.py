@@ -1,0 +1,76 @@
+"""GPT-2 (Radford et al. 2019): the stock transformers `GPT2LMHeadModel`, built from config."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from models._hf import HFCausalLM
+
+
+class Config(HFCausalLM):
+    """A GPT-2 decoder: LayerNorm, learned positions, fused qkv projection, GELU MLP, biases."""
+
+    model_type: Literal["gpt2"] = "gpt2"
+    """The architecture (this file: models/gpt2.py)."""
+    intermediate_size: Annotated[int, Field(ge=8, le=1048576)] | None = None
+    """MLP width (defaults to 4 x hidden)."""
+
+    # GPT-2's fused c_attn (q|k|v in one matrix) cannot be split column-wise per head without
+    # reordering its rows: no tensor-parallel plan (FSDP shards it instead).
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> Config:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})")
+        return self
+
+    @property
+    def ffn_size(self) -> int:
+        return self.intermediate_size or 4 * self.hidden_size
+
+    def block_parameters(self) -> int:
+        h, f = self.hidden_size, self.ffn_size
+        per_layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
+        return self.num_layers * per_layer
+
+    def parameter_count(self) -> int:
+        v, h = self.vocab_size, self.hidden_size
+        total = v * h + self.max_position_embeddings * h + self.block_parameters() + 2 * h
+        return total if self.tie_word_embeddings else total + v * h
+
+    def matmul_parameters(self) -> int:
+        h, f = self.hidden_size, self.ffn_size
+        return self.num_layers * (4 * h * h + 2 * h * f) + self.vocab_size * h  # positions are a lookup
+
+    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: int) -> int:
+        """Saved tensors of one GPT-2 block: two LayerNorms (input, normalised: 2 x s*b*h each),
+        the fused qkv output (3 x s*b*h) and q/k/v as the kernel sees them (3 x), the attention
+        output and c_proj input (2 x), the MLP (c_fc input, then c_fc's output and the pieces of
+        the tanh GELU: s*b*h + 4 x s*b*ffn), plus the softmax output under `eager`
+        (heads x s^2 x b)."""
+        s, b, h, f = seq_len, micro_batch, self.hidden_size, self.ffn_size
+        elems = 4 * s * b * h + 3 * s * b * h + 3 * s * b * h + 2 * s * b * h + s * b * h + 4 * s * b * f
+        scores = self.num_heads * s * s * b if self.attn_implementation == "eager" else 0
+        return (elems + scores) * element_bytes
+
+    def smoke_overrides(self, vocab_size: int, seq_len: int) -> dict[str, Any]:
+        return super().smoke_overrides(vocab_size, seq_len) | {"intermediate_size": 128}
+
+    def residual_projection(self, name: str) -> bool:
+        return name.endswith("c_proj.weight")
+
+    def param_role(self, name: str, param: Any) -> Any:
+        if name.endswith("wpe.weight") or name.endswith("wte.weight"):
+            return "embedding"
+        return super().param_role(name, param)
+
+    def hf_config(self) -> Any:
+        from transformers import GPT2Config
+
+        return GPT2Config(
+            n_embd=self.hidden_size, n_layer=self.num_layers, n_head=self.num_heads, n_inner=self.ffn_size,
+            n_positions=self.max_position_embeddings, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            vocab_size=self.vocab_size, tie_word_embeddings=self.tie_word_embeddings, use_cache=False,
+        )
