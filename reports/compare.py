@@ -1,11 +1,12 @@
 """Candidate vs baseline, paired by seed (pure: records in, `Comparison` out).
 
 Candidate and baseline run on the same seeds, so seed-to-seed noise common to both
-cancels in the per-seed difference. Relative changes are per seed, each against its own
-seed's baseline ((c_i - b_i) / |b_i|), and `Δ %` is their mean: the quantity the verdict
-tests. Intervals are two-sided t-intervals (`scipy.stats.t`) at the verdict's level,
-1 - 2 alpha, whose ends are exactly the verdict's one-sided (1 - alpha) bounds; available
-from two paired seeds on.
+cancels in the per-seed ratio. `Δ %` is the geometric mean of the per-seed ratios minus
+one, 100 (exp(mean log(c_i / b_i)) - 1): the quantity the verdict tests (`reports.verdict`).
+Intervals are two-sided t-intervals (`scipy.stats.t`) of the mean log ratio at the
+verdict's level, 1 - 2 alpha, mapped back to percent, so their ends are exactly the
+verdict's one-sided (1 - alpha) bounds; available from two paired seeds on. A metric with a
+value <= 0 has no log ratio: its `Δ %` is the mean per-seed relative change instead.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ class MetricComparison:
     baseline: float
     delta: float
     delta_pct: float | None
-    """Mean per-seed relative change, 100 * mean((c_i - b_i) / |b_i|); None when a baseline value is 0."""
+    """100 (exp(mean log(c_i / b_i)) - 1) when every value is positive, else the mean per-seed
+    relative change 100 mean((c_i - b_i) / |b_i|); None when a baseline value is 0."""
     n: int
     ci_low: float | None = None
     ci_high: float | None = None
@@ -92,10 +94,16 @@ class MetricComparison:
     """Per-seed relative changes (c_i - b_i) / |b_i| (empty when a baseline value is 0)."""
     confidence: float = CONFIDENCE
     """Level of the intervals."""
+    log_ratios: tuple[float, ...] = ()
+    """Per-seed log(c_i / b_i) (empty when a value is not positive)."""
 
     @property
     def ci_pct(self) -> tuple[float, float] | None:
-        """`confidence` t-interval of the mean per-seed relative change, in percent."""
+        """`confidence` interval of `delta_pct`, in percent: the t-interval of the mean log
+        ratio mapped back (or of the mean relative change when there are no log ratios)."""
+        if self.log_ratios:
+            interval = t_interval(self.log_ratios, self.confidence)
+            return None if interval is None else (100.0 * math.expm1(interval[0]), 100.0 * math.expm1(interval[1]))
         interval = t_interval(self.relative, self.confidence) if self.relative else None
         if interval is None:
             return None
@@ -175,18 +183,24 @@ def compare_metric(metric: str, pairs: Sequence[SeedPair], confidence: float = C
     delta = fmean(differences)
     interval = t_interval(differences, confidence)
     relative = tuple((c - b) / abs(b) for c, b in values) if all(b != 0 for _, b in values) else ()
+    logs = tuple(math.log(c / b) for c, b in values) if all(c > 0 and b > 0 for c, b in values) else ()
+    if logs:
+        delta_pct: float | None = 100.0 * math.expm1(fmean(logs))
+    else:
+        delta_pct = 100.0 * fmean(relative) if relative else None
     return MetricComparison(
         metric=metric,
         candidate=cand,
         baseline=base,
         delta=delta,
-        delta_pct=100.0 * fmean(relative) if relative else None,
+        delta_pct=delta_pct,
         n=len(values),
         ci_low=interval[0] if interval else None,
         ci_high=interval[1] if interval else None,
         differences=differences,
         relative=relative,
         confidence=confidence,
+        log_ratios=logs,
     )
 
 

@@ -113,6 +113,9 @@ class RunRecord:
     """The run's own `hypothesis` section, if its spec had one."""
     diverged_at_step: int | None = None
     """For status `diverged`: the step at which the trainer declared divergence."""
+    non_finite: tuple[str, ...] = ()
+    """Metrics whose final value was NaN or infinite: left out of `final_metrics`, never
+    replaced by an older history point (the report names them)."""
     registrations: dict[str, dict[str, Any]] = field(default_factory=dict)
     """experiment name -> its preregistered hypothesis (`hypothesis.registered.json`, see
     `reports.prereg`): what the hypothesis was when this run's training started."""
@@ -333,6 +336,21 @@ def _data_check_of(run_dir: Path) -> tuple[bool | None, tuple[str, ...]]:
     return None, ()
 
 
+def is_divergence_metric(key: str) -> bool:
+    """A non-finite value of these means the run diverged: the training loss, or any eval
+    metric (a NaN eval loss is a broken model, not a missing number)."""
+    return key == "train/loss" or key.startswith("eval/")
+
+
+def _with_divergence_alert(alerts: tuple[Alert, ...], non_finite: Any, step: int) -> tuple[Alert, ...]:
+    """The P0 divergence alert, added when the trainer did not raise one itself."""
+    if any(a.level == "P0" and a.kind == "divergence" for a in alerts):
+        return alerts
+    keys = [k for k in non_finite if is_divergence_metric(k)]
+    what = f"non-finite {', '.join(f'`{k}`' for k in keys)}" if keys else "training loss above ln(vocab) + 1"
+    return (*alerts, Alert("P0", "divergence", f"{what}: diverged (found by the report)", step))
+
+
 DIVERGENCE_MARGIN_NATS = 1.0
 """A training loss this far above ln(vocab_size) (uniform guessing) after warm-up is divergence."""
 
@@ -341,7 +359,8 @@ def divergence_step(train_loss: list[tuple[int, float]], first_non_finite: int |
                     params: dict[str, Any]) -> int | None:
     """The step a run diverged at, judged from its own loss curve, or None.
 
-    Diverged: a non-finite training loss, or a final training loss above ln(vocab_size) +
+    Diverged: a non-finite training loss or eval metric (`is_divergence_metric`, logged or
+    final: `first_non_finite`, `raw_final`), or a final training loss above ln(vocab_size) +
     DIVERGENCE_MARGIN_NATS after warm-up (worse than guessing uniformly); the step is the
     first non-finite one, else the first step after warm-up from which the loss stayed above
     that line. The trainer's own detector (status `diverged`) takes precedence.
@@ -396,20 +415,34 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
 
     history: dict[str, list[tuple[int, float]]] = {}
     first_non_finite: int | None = None
+    last_bad: dict[str, bool] = {}
+    """key -> whether its latest logged value (by step) was non-finite."""
+    last_step: dict[str, int] = {}
     for row in _read_jsonl(run_dir / "metrics.jsonl"):
         value = _finite(row.get("value"))
-        if value is None and row.get("key") == "train/loss" and row.get("value") is not None:
-            step = int(row.get("step", 0))
-            first_non_finite = step if first_non_finite is None else min(first_non_finite, step)
+        key = str(row.get("key", ""))
+        if "key" in row and row.get("value") is not None and int(row.get("step", 0)) >= last_step.get(key, -1):
+            last_step[key] = int(row.get("step", 0))
+            last_bad[key] = value is None
+        if value is None and row.get("value") is not None and "key" in row:
+            if is_divergence_metric(key):
+                step = int(row.get("step", 0))
+                first_non_finite = step if first_non_finite is None else min(first_non_finite, step)
         if value is None or "key" not in row:
             continue
-        history.setdefault(str(row["key"]), []).append((int(row.get("step", 0)), value))
+        history.setdefault(key, []).append((int(row.get("step", 0)), value))
     for points in history.values():
         points.sort(key=lambda p: p[0])
 
-    final = {k: v for k, v in ((str(k), _finite(v)) for k, v in (result.get("final_metrics") or {}).items()) if v is not None}
-    for key, points in history.items():  # anything only in the history: its last value
-        final.setdefault(key, points[-1][1])
+    raw_final = {str(k): v for k, v in (result.get("final_metrics") or {}).items()}
+    final = {k: v for k, v in ((k, _finite(v)) for k, v in raw_final.items()) if v is not None}
+    # A final value that is NaN or infinite stays missing: filling in the last finite history
+    # point turned a run whose eval loss ended NaN into a clean number (and a verdict).
+    non_finite = sorted({k for k, v in raw_final.items() if v is not None and _finite(v) is None}
+                        | {k for k, bad in last_bad.items() if bad and k not in raw_final})
+    for key, points in history.items():  # anything only in the history: its last value, if finite
+        if key not in raw_final and key not in non_finite:
+            final.setdefault(key, points[-1][1])
     final.update(_steady_rates(history, final))
 
     tags = {str(k): str(v) for k, v in identity.items() if v is not None and not isinstance(v, dict | list)}
@@ -442,11 +475,13 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
     seed = identity.get("seed", params.get("train.seed"))
     diverged_at: Any = result.get("diverged_at_step")
     status = str(result.get("status", "unknown"))
+    alerts = tuple(_alert_from_dict(r) for r in _read_jsonl(run_dir / "alerts.jsonl"))
     if status == "finished":  # a safety net for runs the trainer did not mark (older trainers)
-        raw_final = (result.get("final_metrics") or {}).get("train/loss")
-        at = divergence_step(history.get("train/loss", []), first_non_finite, raw_final, params)
+        final_bad = next((raw_final[k] for k in non_finite if is_divergence_metric(k) and k in raw_final), None)
+        at = divergence_step(history.get("train/loss", []), first_non_finite, final_bad, params)
         if at is not None:
             status, diverged_at = "diverged", at
+            alerts = _with_divergence_alert(alerts, non_finite, at)
     return RunRecord(
         run_id=str(identity.get("run_id") or run_dir.name),
         experiment=str(identity.get("experiment") or spec.get("name") or run_dir.parent.name),
@@ -457,7 +492,7 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
         params=params,
         tags=tags,
         data=data,
-        alerts=tuple(_alert_from_dict(r) for r in _read_jsonl(run_dir / "alerts.jsonl")),
+        alerts=alerts,
         cost=Cost(device_hours=used, estimate_device_hours=estimate, wall_s=wall_s),
         perf=Perf(
             tokens_per_s=_typical(history, final, "perf/tokens_per_s"),
@@ -468,6 +503,7 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
         mlflow_run_id=result.get("mlflow_run_id"),
         hypothesis=spec.get("hypothesis") if isinstance(spec.get("hypothesis"), dict) else None,
         diverged_at_step=int(diverged_at) if isinstance(diverged_at, int | float) and not isinstance(diverged_at, bool) else None,
+        non_finite=tuple(non_finite),
         registrations=read_registrations(run_dir),
     )
 
@@ -532,6 +568,7 @@ def records_from_mlflow(
             except (json.JSONDecodeError, TypeError):
                 params[key] = raw
         final = {k: float(v) for k, v in run.data.metrics.items() if _finite(v) is not None}
+        non_finite = sorted(k for k, v in run.data.metrics.items() if _finite(v) is None)
         keys = set(history_keys) | {k for k in final if k.startswith("data/mix/")}
         if tags.get("metric"):
             keys.add(tags["metric"])
@@ -551,8 +588,12 @@ def records_from_mlflow(
                        if k.startswith("alert."))
         seed = tags.get("seed", params.get("train.seed"))
         status = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "stopped"}.get(run.info.status, run.info.status.lower())
-        if tags.get("status") == "diverged" or _finite(tags.get("diverged_at_step")) is not None:
+        diverged_step = _finite(tags.get("diverged_at_step"))
+        if tags.get("status") == "diverged" or diverged_step is not None:
             status = "diverged"  # the trainer's divergence outcome (result.json contract), when tagged
+        elif status == "finished" and any(is_divergence_metric(k) for k in non_finite):
+            status = "diverged"  # a NaN eval or training loss logged as the final value
+            alerts = _with_divergence_alert(alerts, non_finite, int(diverged_step or 0))
         wall_s = (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time and run.info.start_time else None
         requested = _requested_mixture(params)
         records.append(
@@ -582,6 +623,7 @@ def records_from_mlflow(
                 mlflow_run_id=run.info.run_id,
                 mlflow_url=mlflow_run_url(public_url, experiment.experiment_id, run.info.run_id),
                 diverged_at_step=int(step) if (step := _finite(tags.get("diverged_at_step"))) is not None else None,
+                non_finite=tuple(non_finite),
                 registrations=_registrations_from_tags(tags, experiment_name, run.info.start_time),
             )
         )

@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from reports.records import RunRecord
 from reports.report import ABSENT, Report
+from reports.verdict import pct_exact
 from validation.spec import ALPHA_LIMIT  # above it, the headline shows `alpha_override`
 
 T = TypeVar("T")
@@ -172,7 +173,7 @@ def headline(report: Report) -> str:
         ] + [""]
     lines += [
         f"> **Hypothesis:** {escape_text(h.statement) or '(no statement)'}",
-        f"> `{h.metric}` {arrow} {h.direction} by at least {h.min_effect:.1%} "
+        f"> `{h.metric}` {arrow} {h.direction} by at least {pct_exact(h.min_effect)} "
         f"· {alpha} · {h.seeds} seed{'s' if h.seeds != 1 else ''} planned",
         "",
         f"**Verdict:** {escape_text(v.reason)}",
@@ -199,7 +200,7 @@ def headline(report: Report) -> str:
 
 def metric_table(report: Report, metrics: Sequence[str]) -> str:
     level = f"{100 * report.comparison.confidence:.3g} %"
-    rows = [f"| metric | baseline | candidate | Δ | Δ % (mean per seed) | {level} CI of Δ % | seeds |",
+    rows = [f"| metric | baseline | candidate | Δ | Δ % (geometric mean over seeds) | {level} CI of Δ % | seeds |",
             "|---|---:|---:|---:|---:|---:|---:|"]
     for key in metrics:
         m = report.comparison.metrics.get(key)

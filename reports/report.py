@@ -151,6 +151,11 @@ def _warnings(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord], c
         warnings.append(
             "Different environments (candidate vs baseline): " + "; ".join(differences)
             + ". Throughput and numerics may not be comparable.")
+    for r in (*candidates, *baselines):
+        if r.non_finite:
+            warnings.append(
+                f"Not finite in {r.experiment} seed {r.seed}: {', '.join(f'`{k}`' for k in r.non_finite)}; left out, "
+                "not replaced by an earlier value (a non-finite eval or training loss is divergence).")
     failed = [r for r in (*candidates, *baselines) if r.status != "finished"]
     if failed:
         warnings.append("Not finished (left out of the comparison): " + ", ".join(

@@ -130,7 +130,7 @@ def test_alpha_above_the_limit_is_shown_with_its_override_and_the_table_level_ma
     assert "alpha 0.2 (**above the 0.1 limit**, override: exploratory screen, confirmed later)" in md
     assert "60 % CI of Δ %" in md and "95 % CI" not in md  # 1 - 2 alpha: the verdict's one-sided 80 % bounds
     assert "(exploratory)" in md and "decide nothing" in md
-    assert "**Rule:** one-sided paired t-test on per-seed relative differences, n = 3, alpha = 0.2, margin 2 %" in md
+    assert "**Rule:** one-sided paired t-test on per-seed log ratios, n = 3, alpha = 0.2, margin 2 %" in md
 
 
 # --------------------------------------------------------------------------- A/A

@@ -1,20 +1,23 @@
 """compare() and verdict() on hand-computed cases (pure; no files, no servers).
 
-The rule: one-sided paired t-test on per-seed relative differences r_i = s (c_i - b_i) / |b_i|
-against the margin min_effect. Hand values use the closed forms of Student's t with 2
-degrees of freedom: F(t) = 1/2 + t / (2 sqrt(2 + t^2)) and t_p = (2p - 1) / sqrt(2 p (1 - p)),
-so t_{0.95, 2} = 0.9 / sqrt(0.095) = 2.919986.
+The rule: one-sided paired t-test on per-seed log ratios d_i = s log(c_i / b_i) (s = -1 for
+"decrease") against the margin -log(1 - min_effect) ("decrease") or log(1 + min_effect)
+("increase"). Hand values use the closed forms of Student's t with 2 degrees of freedom:
+F(t) = 1/2 + t / (2 sqrt(2 + t^2)) and t_p = (2p - 1) / sqrt(2 p (1 - p)), so
+t_{0.95, 2} = 0.9 / sqrt(0.095) = 2.919986. Candidates are written as baseline x ratio, so
+d_i = -log(ratio_i) exactly.
 """
 
 from __future__ import annotations
 
 import math
+from statistics import fmean, stdev
 
 import pytest
 
 from reports.compare import HypothesisView, compare, pair_by_seed
 from reports.records import RunRecord
-from reports.verdict import MAX_SEEDS, power, seeds_needed, verdict
+from reports.verdict import MAX_SEEDS, planning_sd, power, seeds_needed, verdict
 
 pytestmark = pytest.mark.unit
 
@@ -33,49 +36,64 @@ def hyp(**kw) -> HypothesisView:
     return HypothesisView(**{**base, **kw})
 
 
-FLAT = [run(s, 5.0, experiment="base") for s in (1, 2, 3)]  # every baseline seed 5.0: r_i = (5 - c_i) / 5
-BASE = [run(1, 5.0, experiment="base"), run(2, 5.1, experiment="base"), run(3, 4.9, experiment="base")]  # sd 0.1
+BASE_VALUES = (5.0, 5.1, 4.9)
+BASE = [run(s, v, experiment="base") for s, v in zip((1, 2, 3), BASE_VALUES, strict=True)]  # sd 0.1
+FLAT = [run(s, 5.0, experiment="base") for s in (1, 2, 3)]  # the seed changes nothing: no noise estimate
 
 
-def sides(candidate_values, baseline=FLAT, **kw):
-    cands = [run(s, v) for s, v in zip((1, 2, 3), candidate_values, strict=False)]
+def sides(ratios, baseline=BASE, **kw):
+    """Candidate seed i = baseline seed i x ratios[i]."""
+    cands = [run(b.seed, b.final_metrics["eval/loss"] * r) for b, r in zip(baseline, ratios, strict=False)]
     return compare(cands, baseline, hyp(**kw))
 
 
+def hand(ratios, alpha_t=T_95_DF2):
+    """(mean d, sd d, half width) for a decrease, by hand."""
+    d = [-math.log(r) for r in ratios]
+    return fmean(d), stdev(d), alpha_t * stdev(d) / math.sqrt(len(d))
+
+
 def test_three_seeds_supported_with_hand_computed_bounds_and_p_value():
-    # r = 0.04, 0.042, 0.038: mean 0.04, sd 0.002; half = 2.919986 * 0.002 / sqrt(3) = 0.0033717
-    comparison = sides([4.8, 4.79, 4.81])
+    ratios = (0.96, 0.958, 0.962)
+    comparison = sides(ratios)
     m = comparison.primary
-    assert m.n == 3 and m.delta_pct == pytest.approx(-4.0)
+    mean, sd, half = hand(ratios)
+    assert m.n == 3 and m.delta_pct == pytest.approx(100 * (math.exp(-mean) - 1))
     v = verdict(comparison)
     assert v.outcome == "supported", v.reason
-    assert v.effect == pytest.approx(0.04)
-    half = T_95_DF2 * 0.002 / math.sqrt(3)
-    assert v.effect_ci == (pytest.approx(0.04 - half, abs=1e-9), pytest.approx(0.04 + half, abs=1e-9))
-    # H0 effect <= 0.02: t = 0.02 / (0.002 / sqrt 3) = 17.3205; one-sided p = (1 - t / sqrt(2 + t^2)) / 2
-    t = 0.02 / (0.002 / math.sqrt(3))
+    assert v.effect == pytest.approx(1 - math.exp(-mean))
+    assert v.effect_ci == (pytest.approx(1 - math.exp(-(mean - half)), abs=1e-12),
+                           pytest.approx(1 - math.exp(-(mean + half)), abs=1e-12))
+    # H0 effect <= 0.02: t = (mean + log 0.98) / (sd / sqrt 3); one-sided p = (1 - t / sqrt(2 + t^2)) / 2
+    t = (mean + math.log(0.98)) / (sd / math.sqrt(3))
     assert v.p_value == pytest.approx((1 - t / math.sqrt(2 + t * t)) / 2, rel=1e-6)
-    assert v.rule == "one-sided paired t-test on per-seed relative differences, n = 3, alpha = 0.05, margin 2 %"
+    assert v.rule == "one-sided paired t-test on per-seed log ratios, n = 3, alpha = 0.05, margin 2 %"
     assert v.rule in v.reason and v.reason.startswith("Supported: the lower bound")
     # the table's interval is the verdict's: 90 % two-sided = the two one-sided 95 % bounds (sign of c - b)
     assert comparison.confidence == pytest.approx(0.90)
-    assert m.ci_pct == (pytest.approx(-100 * (0.04 + half)), pytest.approx(-100 * (0.04 - half)))
+    assert m.ci_pct == (pytest.approx(100 * (math.exp(-(mean + half)) - 1)), pytest.approx(100 * (math.exp(-(mean - half)) - 1)))
+    assert m.ci_pct == (pytest.approx(-100 * v.effect_ci[1]), pytest.approx(-100 * v.effect_ci[0]))
 
 
 def test_an_effect_just_above_min_effect_is_not_supported_while_its_bound_is_below():
-    # r = 0.016, 0.021, 0.026: mean 2.1 % >= 2 %, and a two-sided test against 0 gives p = 0.019
-    # (what the old rule called supported). Lower bound 0.021 - 2.92 * 0.005 / sqrt 3 = 1.257 % < 2 %.
-    v = verdict(sides([4.92, 4.895, 4.87]))
+    ratios = (0.984, 0.979, 0.974)  # about 2.1 % better on average, but noisy
+    v = verdict(sides(ratios))
+    mean, _, half = hand(ratios)
     assert v.outcome == "inconclusive", v.reason
-    assert v.effect_ci[0] == pytest.approx(0.021 - T_95_DF2 * 0.005 / math.sqrt(3), abs=1e-9)
+    assert v.effect > 0.02 and v.effect_ci[0] == pytest.approx(1 - math.exp(-(mean - half)), abs=1e-12)
     assert "still contains min_effect 2 %" in v.reason
     assert v.seeds_needed is not None and v.seeds_needed >= 2 and "paired seeds" in v.reason
 
 
 def test_a_tight_effect_just_above_the_margin_is_supported():
-    v = verdict(sides([4.895, 4.894, 4.896]))  # r = 2.1 %, 2.12 %, 2.08 %: lower bound 2.066 %
+    v = verdict(sides([0.979, 0.9788, 0.9792]))  # 2.1 % +- 0.02 %
     assert v.outcome == "supported", v.reason
     assert v.effect_ci[0] > 0.02
+
+
+def test_a_flat_side_has_no_noise_estimate():
+    v = verdict(sides([0.96, 0.958, 0.962], baseline=FLAT))
+    assert v.outcome == "inconclusive" and "no noise estimate" in v.reason and "baseline" in v.reason
 
 
 def test_one_seed_is_never_supported_even_with_a_large_effect():
@@ -100,24 +118,27 @@ def test_one_seed_says_which_way_the_metric_itself_went():
 def test_one_paired_seed_but_baseline_spread_known_sizes_the_study_exactly():
     v = verdict(compare([run(1, 4.0)], BASE, hyp()))
     assert v.outcome == "inconclusive" and "one seed" in v.reason
-    sd = math.sqrt(2) * 0.1 / 5.0  # independent seeds on both sides: sqrt(2) x the relative baseline sd
+    # independent seeds on both sides: sqrt(2) x the baseline's sd of log values, bounded above at 90 %
+    sd = planning_sd(math.sqrt(2) * stdev(math.log(b) for b in BASE_VALUES), 3)
     n = seeds_needed(sd, 0.02, 0.05)
-    assert v.seeds_needed == n and f"about {n} paired seeds" in v.reason
+    assert v.seeds_needed == n and f"{n} paired seeds" in v.reason
     assert power(n, sd, 0.02, 0.05) >= 0.8 > power(n - 1, sd, 0.02, 0.05)
 
 
 def test_refuted_by_a_significant_effect_the_other_way():
-    v = verdict(sides([5.2, 5.21, 5.19]))  # r = -0.04, -0.042, -0.038 when a decrease was wanted
+    v = verdict(sides([1.04, 1.042, 1.038]))  # about 4 % worse when a decrease was wanted
     assert v.outcome == "refuted", v.reason
-    assert v.effect == pytest.approx(-0.04)
+    assert v.effect == pytest.approx(1 - math.exp(fmean(math.log(r) for r in (1.04, 1.042, 1.038))))
     assert "other way" in v.reason and v.effect_ci[1] < 0
 
 
 def test_refuted_when_the_upper_bound_lies_below_min_effect():
     # Same 4 % improvement as the supported case, but 10 % was required: upper bound 4.34 % < 10 %.
-    v = verdict(sides([4.8, 4.79, 4.81], min_effect=0.10))
+    ratios = (0.96, 0.958, 0.962)
+    v = verdict(sides(ratios, min_effect=0.10))
+    mean, _, half = hand(ratios)
     assert v.outcome == "refuted", v.reason
-    assert v.effect_ci[1] == pytest.approx(0.04 + T_95_DF2 * 0.002 / math.sqrt(3), abs=1e-9)
+    assert v.effect_ci[1] == pytest.approx(1 - math.exp(-(mean + half)), abs=1e-12)
     assert "significantly smaller than min_effect" in v.reason
 
 
@@ -125,15 +146,14 @@ def test_zero_spread_does_not_invent_significance():
     # Every seed exactly 1 % better (relative, up to float rounding): a t-test would divide by ~0.
     v = verdict(compare([run(s, b * 0.99) for s, b in ((1, 5.0), (2, 5.1), (3, 4.9))], BASE, hyp(min_effect=0.005)))
     assert v.outcome == "inconclusive", v.reason
-    assert "zero spread" in v.reason and v.p_value is None
+    assert "no noise estimate" in v.reason and v.p_value is None
     # the A/A case: identical values give effect 0 with zero spread, not "significantly refuted, p = 1"
     aa = verdict(compare([run(s, b) for s, b in ((1, 5.0), (2, 5.1), (3, 4.9))], BASE, hyp()))
-    assert aa.outcome == "inconclusive" and "zero spread" in aa.reason
+    assert aa.outcome == "inconclusive" and "A/A" in aa.reason
 
 
 def test_seeds_hint_beyond_the_schema_maximum_says_so_plainly():
-    # r = 0.01, 0.03, 0.05 then scaled noise: sd 10 % of the metric for a 2 % margin
-    v = verdict(sides([4.5, 5.0, 5.5]))
+    v = verdict(sides([0.9, 1.0, 1.1]))  # sd 10 % of the metric for a 2 % margin
     assert v.outcome == "inconclusive"
     assert v.seeds_needed is None or v.seeds_needed > MAX_SEEDS
     assert f"more than the schema's maximum of {MAX_SEEDS}" in v.reason and "cannot decide" in v.reason
@@ -141,7 +161,7 @@ def test_seeds_hint_beyond_the_schema_maximum_says_so_plainly():
 
 def test_diverged_candidate_is_refuted_with_the_step():
     cands = [run(1, 4.8), run(2, float("nan"), status="diverged", diverged_at_step=37), run(3, 4.8)]
-    v = verdict(compare(cands, FLAT, hyp()), candidates=cands, baselines=FLAT)
+    v = verdict(compare(cands, BASE, hyp()), candidates=cands, baselines=BASE)
     assert v.outcome == "refuted" and v.diverged_at_step == 37
     assert v.reason.startswith("Refuted: candidate diverged at step 37")
 
@@ -152,7 +172,7 @@ def test_increase_direction_is_supported_on_throughput():
     cands = [run(s, v, metric=metric) for s, v in ((1, 1100.0), (2, 1121.1), (3, 1079.1))]  # +10, +11, +9 %
     v = verdict(compare(cands, base, hyp(metric=metric, direction="increase", min_effect=0.05)))
     assert v.outcome == "supported", v.reason
-    assert v.effect == pytest.approx(0.10)  # (10 + 11 + 9) / 3
+    assert v.effect == pytest.approx((1.10 * 1.11 * 1.09) ** (1 / 3) - 1)  # geometric mean of the ratios
 
 
 def test_seeds_needed_is_the_smallest_n_with_exact_power():
@@ -206,8 +226,8 @@ def test_headline_names_the_outcome_once():
 
     cases = [
         verdict(compare([run(1, 4.0)], [run(1, 5.0, experiment="base")], hyp(seeds=1))),  # inconclusive
-        verdict(sides([4.0, 4.1, 3.9])),  # supported
-        verdict(sides([5.5, 5.6, 5.4])),  # refuted
+        verdict(sides([0.8, 0.82, 0.79])),  # supported
+        verdict(sides([1.1, 1.12, 1.09])),  # refuted
     ]
     assert {v.outcome for v in cases} == {"inconclusive", "supported", "refuted"}
     for v in cases:
