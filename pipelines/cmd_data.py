@@ -75,15 +75,25 @@ def prepare(
     cache: Annotated[Path | None, typer.Option(help="Cache root (default: <repo>/data/cache).")] = None,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    workers: Annotated[int | None, typer.Option(min=1, help="Local worker processes (default: every core; one for small inputs).")] = None,
+    launcher: Annotated[str, typer.Option(help="local (worker processes here) or slurm (an array job per stage, waited for).")] = "local",
+    slurm_partition: Annotated[str | None, typer.Option(help="Slurm partition (default: the cluster's default).")] = None,
+    slurm_time: Annotated[str, typer.Option(help="Slurm time limit per array task.")] = "4:00:00",
 ) -> None:
-    """Clean, de-duplicate, tokenize and shard the sources; a second run is a cache hit."""
+    """Clean, de-duplicate, tokenize and shard the sources; a second run is a cache hit, and a run
+    after a crash resumes (finished tasks are not redone). The result is the same for any
+    --workers and for --launcher slurm."""
     from validation.data import prepare_data
+    from validation.data.engine import SlurmOptions
 
     try:
+        if launcher not in ("local", "slurm"):
+            raise UsageError(f"--launcher {launcher}: expected local or slurm")
         resolved, repo = _load(spec_file)
         spec = resolved.spec
         started = time.perf_counter()
-        prepared = prepare_data(spec.data, repo, cache_root=cache, progress=progress)
+        prepared = prepare_data(spec.data, repo, cache_root=cache, progress=progress, workers=workers,
+                                launcher=launcher, slurm=SlurmOptions(partition=slurm_partition, time=slurm_time))
         elapsed = time.perf_counter() - started
     except PipelineError as exc:
         raise fail(exc) from None

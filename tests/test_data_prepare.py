@@ -39,8 +39,8 @@ def test_layout_stats_and_manifest(prepared: PreparedData) -> None:
     assert prepared.vocab_size == 400 and prepared.token_dtype == np.uint16
     manifest = json.loads((prepared.path / "manifest.json").read_text())
     assert manifest["version"] == prepared.version == prepared.path.name
-    assert {"tokenizer/tokenizer.json", "stats.json", "prep.json", "sources/docs/train.tokens.bin",
-            "sources/docs/eval.index.npy"} <= set(manifest["files"])
+    assert {"tokenizer/tokenizer.json", "stats.json", "prep.json", "sources/docs/train/00001.tokens.bin",
+            "sources/docs/eval/00001.index.npy"} <= set(manifest["files"])
     for name in prepared.sources:
         st = prepared.stats[name]
         assert st["documents"] == st["train_documents"] + st["eval_documents"]
@@ -108,7 +108,7 @@ def test_preparation_is_deterministic(demo_repo: Path, prepared: PreparedData, t
 def test_corrupt_cache_is_detected_and_rebuilt(demo_repo: Path, tmp_path: Path, damage: str) -> None:
     spec = make_spec(demo_sources({"docs": 1.0}))
     first = prepare_data(spec.data, demo_repo, cache_root=tmp_path, progress=False)
-    shard = first.path / "sources/docs/train.tokens.bin"
+    shard = first.path / "sources/docs/train/00000.tokens.bin"
     if damage == "flip_byte":
         data = bytearray(shard.read_bytes())
         data[len(data) // 2] ^= 0xFF
@@ -124,7 +124,7 @@ def test_corrupt_cache_is_detected_and_rebuilt(demo_repo: Path, tmp_path: Path, 
     rebuilt = prepare_data(spec.data, demo_repo, cache_root=tmp_path, progress=False)
     assert not rebuilt.cache_hit and rebuilt.version == first.version
     PreparedData.open(rebuilt.path)  # verifies
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp-", ".corrupt-"))]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".build-", ".corrupt-"))]
 
 
 @pytest.mark.unit
@@ -156,7 +156,7 @@ def test_empty_and_all_dropped_sources_are_errors(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="no documents left after cleaning .3 read, 3 empty"):
         prepare_data(make_spec([{"name": "short", "path": "data/short.jsonl", "weight": 1.0}]).data, tmp_path,
                      progress=False)
-    assert not list((tmp_path / "data/cache").glob(".tmp-*"))
+    assert not list((tmp_path / "data/cache").glob(".build-*"))
 
 
 @pytest.mark.unit

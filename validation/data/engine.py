@@ -83,11 +83,24 @@ def run_stage(
                         f"(logs in {logs}); run the same command again to resume")
 
 
-def _run_local(step: Callable[..., Any], tasks: int, logs: Path, workers: int,
-               on_tick: Callable[[int], None] | None) -> None:
+def _local_executor_class() -> Any:
     from datatrove.executor import LocalPipelineExecutor
 
-    executor = LocalPipelineExecutor(pipeline=[step], tasks=tasks, workers=max(1, min(workers, tasks)),
+    class PreparationLocalExecutor(LocalPipelineExecutor):  # type: ignore[misc]
+        """Quiet in every worker process too (the patch must precede datatrove's task logger)."""
+
+        def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1) -> Any:
+            from validation.data.stages import _quiet_datatrove
+
+            _quiet_datatrove()
+            return super()._run_for_rank(rank, local_rank, node_rank)
+
+    return PreparationLocalExecutor
+
+
+def _run_local(step: Callable[..., Any], tasks: int, logs: Path, workers: int,
+               on_tick: Callable[[int], None] | None) -> None:
+    executor = _local_executor_class()(pipeline=[step], tasks=tasks, workers=max(1, min(workers, tasks)),
                                      logging_dir=str(logs), start_method="forkserver")
     failure: list[BaseException] = []
 
@@ -118,6 +131,12 @@ def _slurm_executor_class() -> Any:
 
         def launch_merge_stats(self) -> None:
             return None
+
+        def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1) -> Any:
+            from validation.data.stages import _quiet_datatrove
+
+            _quiet_datatrove()
+            return super()._run_for_rank(rank, local_rank, node_rank)
 
         def get_sbatch_args(self, max_array: int = 1) -> dict:
             args = super().get_sbatch_args(max_array)

@@ -67,6 +67,7 @@ PREP_FORMAT = 3  # 3: one token shard per input task (sources/<name>/<split>/<ta
 # Training on more barely changes a 4k-32k vocabulary and costs seconds per MB.
 BPE_SAMPLE_CHARS = 8_000_000
 SPECIAL_TOKENS = ("<|endoftext|>",)
+SMALL_INPUT_BYTES = 32 << 20  # below this, `workers=None` means one in-process worker
 _INPUT_HASHES = ".input-hashes.json"
 
 
@@ -176,8 +177,10 @@ def prepare_data(
     repo_root = Path(repo_root).resolve()
     cache_root = Path(cache_root).resolve() if cache_root else repo_root / "data" / "cache"
     assert launcher in ("local", "slurm"), launcher
-    workers = max(1, workers or os.cpu_count() or 1)
     inputs = compute_version(data, repo_root, cache_root)
+    if workers is None:  # a pool costs seconds to start: small inputs are quicker in this process
+        workers = 1 if inputs.input_bytes < SMALL_INPUT_BYTES else (os.cpu_count() or 1)
+    workers = max(1, workers)
     final = cache_root / inputs.version
     cached = _open_if_valid(final)
     if cached:

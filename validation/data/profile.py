@@ -59,7 +59,7 @@ def histogram_quantile(values: np.ndarray, counts: np.ndarray, q: float) -> floa
     b = float(values[int(np.searchsorted(cum, above, side="right"))])
     gamma = virtual - np.floor(virtual)
     diff = b - a
-    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma  # numpy's _lerp
+    return float(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)  # numpy's _lerp
 
 
 def merge_histograms(parts: list[tuple[list[int], list[int]]]) -> tuple[np.ndarray, np.ndarray]:

@@ -127,12 +127,12 @@ def read_documents(source: DataSource, path: Path, start: int = 0, end: int | No
 def _open_binary(source: DataSource, path: Path) -> IO[bytes]:
     kind = compression(path)
     if kind == "gzip":
-        return gzip.open(path, "rb")
+        return gzip.open(path, "rb")  # type: ignore[return-value]
     if kind == "zstd":
         import zstandard
 
         try:
-            return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(path.open("rb")))  # type: ignore[arg-type]
+            return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(path.open("rb")))
         except zstandard.ZstdError as exc:
             raise OSError(str(exc)) from exc
     return path.open("rb")
