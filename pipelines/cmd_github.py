@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 runners_app = typer.Typer(help="Self-hosted runners: list, registration token, prune, capacity.", no_args_is_help=True)
 
+provenance_app = typer.Typer(help="Trusted provenance in MLflow: users, store, registered model.",
+                              no_args_is_help=True)
+
 RepoOpt = Annotated[str | None, typer.Option("--repo", help="owner/name (default: $GITHUB_REPOSITORY).")]
 
 
@@ -31,6 +34,8 @@ def register(app: typer.Typer) -> None:
     app.command("comment")(comment)
     app.command("chatops")(chatops)
     app.command("promote")(promote)
+    app.command("attest")(attest)
+    app.add_typer(provenance_app, name="provenance")
     app.add_typer(runners_app, name="runners")
 
 
@@ -191,6 +196,7 @@ def promote(
     def run() -> None:
         from pipelines.github.events import PullRequestEvent, PushEvent, load_event
         from pipelines.github.promote import MlflowPromotion, promote_merged, promote_push
+        from pipelines.github.provenance import ProvenanceLookup
 
         path = event_path or os.environ.get("GITHUB_EVENT_PATH")
         if not path:
@@ -205,13 +211,15 @@ def promote(
         config = _config(repo, event.repo)
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
         mlflow = MlflowPromotion(uri, model_name)
+        # Which run to promote comes from the attestations only (pipelines/github/provenance.py).
+        lookup = ProvenanceLookup(uri, os.environ.get("MLFLOW_PROVENANCE_EXPERIMENT_ID") or None)
         kw: dict[str, Any] = dict(model_name=model_name, required_approvals=required_approvals,
                                   bot_login=config.bot_login)
         if isinstance(event, PushEvent):
             # The workflow runs on a push to the default branch: the merged PR comes from the API.
-            outcomes = promote_push(event, _host(config), mlflow, mlflow, default_branch=event.default_branch, **kw)
+            outcomes = promote_push(event, _host(config), lookup, mlflow, default_branch=event.default_branch, **kw)
         else:
-            outcomes = promote_merged(event, _host(config), mlflow, mlflow, **kw)
+            outcomes = promote_merged(event, _host(config), lookup, mlflow, **kw)
         refused = [o for o in outcomes if o.promotion is None]
         for o in outcomes:
             if o.promotion is not None:
@@ -222,6 +230,77 @@ def promote(
             typer.echo("nothing to promote: no merged pull request that changes an experiment")
         if refused and strict:
             raise PromotionRefused(f"{len(refused)} experiment(s) not promoted; the PR comment says why")
+
+    _guarded(run)
+
+
+# --------------------------------------------------------------------------- provenance
+
+
+def attest(
+    result_file: Annotated[Path, typer.Option("--result-file", help="result.json from this run's report artifact.")],
+    pr: Annotated[int, typer.Option("--pr", min=1)],
+    sha: Annotated[str, typer.Option("--sha", help="The approved head SHA (from `authorize`).")],
+    experiment: Annotated[str, typer.Option("--experiment")],
+    workflow_run_id: Annotated[int, typer.Option("--workflow-run-id", envvar="GITHUB_RUN_ID", min=1)],
+    tracking_uri: Annotated[str | None, typer.Option(
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db).")] = None,
+) -> None:
+    """After training (trusted job, attestor credential): check the runs the report names and
+    write the attestation promotion reads. Exit 10 when the claims do not match."""
+
+    def run() -> None:
+        from pipelines.github.provenance import AttestationRefused, attest, read_result
+
+        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+        try:
+            done = attest(tracking_uri=uri, pr=pr, sha=sha, experiment=experiment, workflow_run_id=workflow_run_id,
+                          result=read_result(result_file),
+                          provenance_id=os.environ.get("MLFLOW_PROVENANCE_EXPERIMENT_ID") or None)
+        except AttestationRefused as exc:
+            _summary(f"Not attested: `{experiment}` at `{sha[:12]}`: {exc}")
+            raise PromotionRefused(f"not attested: {exc}") from None
+        _summary(f"Attested `{experiment}` at `{sha[:12]}` for PR #{pr}: training run(s) "
+                 f"{', '.join(done.training_run_ids)}, verdict {done.verdict or 'none'}, status {done.status}")
+        typer.echo(f"attested {experiment}: {done.run_id}")
+
+    _guarded(run)
+
+
+def _summary(line: str) -> None:
+    typer.echo(line)
+    path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+
+@provenance_app.command("setup")
+def provenance_setup(
+    tracking_uri: Annotated[str, typer.Option("--tracking-uri", envvar="MLFLOW_TRACKING_URI")],
+    model_name: Annotated[str, typer.Option("--model-name", envvar="PIPELINE_REGISTRY_MODEL")] = "gitops-train",
+    trainer_user: Annotated[str, typer.Option("--trainer-user")] = "trainer",
+    attestor_user: Annotated[str, typer.Option("--attestor-user")] = "attestor",
+) -> None:
+    """Operator, once: create the trainer and attestor users (passwords from $MLFLOW_TRAINER_PASSWORD,
+    $MLFLOW_ATTESTOR_PASSWORD; admin from $MLFLOW_ADMIN_USERNAME/$MLFLOW_ADMIN_PASSWORD), then the
+    provenance experiment and the registered model as the attestor. Prints the experiment id
+    to set as the repository variable MLFLOW_PROVENANCE_EXPERIMENT_ID."""
+
+    def run() -> None:
+        from pipelines.github.provenance import setup
+
+        def env(name: str) -> str:
+            value = os.environ.get(name)
+            if not value:
+                raise UsageError(f"set {name}")
+            return value
+
+        done = setup(tracking_uri=tracking_uri, model_name=model_name,
+                     trainer=(trainer_user, env("MLFLOW_TRAINER_PASSWORD")),
+                     attestor=(attestor_user, env("MLFLOW_ATTESTOR_PASSWORD")),
+                     admin=(os.environ.get("MLFLOW_ADMIN_USERNAME", "admin"), env("MLFLOW_ADMIN_PASSWORD")))
+        typer.echo(f"MLFLOW_PROVENANCE_EXPERIMENT_ID={done.provenance_experiment_id}")
 
     _guarded(run)
 

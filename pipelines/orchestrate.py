@@ -110,6 +110,8 @@ class ExperimentFlow:
     def run(self, spec_path: Path) -> tuple[ExperimentResult, ExperimentResult | None]:
         """The whole flow for `spec_path`; returns (candidate, baseline)."""
         resolved = resolve(spec_path, self.repo)
+        if resolved.spec.sweep is None:
+            resolved = self._confirmatory_seeds(spec_path, resolved)
         spec = resolved.spec
         baseline: ExperimentResult | None = None
         base_resolved = None
@@ -130,6 +132,34 @@ class ExperimentFlow:
         else:
             candidate = self.run_one(resolved, role="candidate", baseline=baseline)
         return candidate, baseline
+
+    def _confirmatory_seeds(self, spec_path: Path, resolved: ResolvedExperiment) -> ResolvedExperiment:
+        """A claim's confirmatory registration runs on seeds no run of the claim used (a pilot's
+        seeds would reuse the pilot's runs); once it exists, the spec's seeds stand (any seed
+        outside the registration is exploratory). reports.prereg."""
+        from reports import prereg
+
+        spec = resolved.spec
+        claim = prereg.claim_key(spec)
+        root = runs_root(self.repo)
+        if spec.hypothesis.pilot or prereg.confirmatory_registration(root, claim) is not None:
+            return resolved
+        seeds = prereg.fresh_seeds(spec.train.seed, spec.hypothesis.seeds, prereg.seen_seeds(root, claim))
+        return resolved if seeds == list(resolved.seeds) else resolve(spec_path, self.repo, seeds=seeds)
+
+    def _register_claim(self, resolved: ResolvedExperiment, seed: int, run_dir: Path, *, results_existed: bool) -> str:
+        """Binds a candidate seed run to its claim's registration (reports.prereg); returns the claim."""
+        from reports import prereg
+
+        spec = resolved.spec
+        claim = prereg.claim_key(spec)
+        root = runs_root(self.repo)
+        entry = prereg.claim_entry(claim, spec.name, spec.hypothesis, resolved.seeds, pilot=spec.hypothesis.pilot)
+        if not spec.hypothesis.pilot:
+            entry = prereg.register_confirmatory(root, entry)
+        prereg.record_registration(run_dir, entry, results_existed=results_existed)
+        prereg.mark_seen(root, claim, seed)
+        return claim
 
     def run_identical(self, resolved: ResolvedExperiment, base: ResolvedExperiment) -> ExperimentResult:
         """A candidate whose identity is its baseline's (same code, spec hash, so data and seeds):
@@ -344,6 +374,8 @@ class ExperimentFlow:
             self.reporter.stage(spec.name, "train", "reused", f"seed {seed}: {existing}")
             if role != "baseline":  # its hypothesis meets results that already exist: say so
                 register_hypothesis(existing, spec.name, spec.hypothesis, resolved.seeds, results_existed=True)
+            if role == "candidate":
+                self._register_claim(resolved, seed, existing, results_existed=True)
             return existing, True
         seed_dir = run_dir / "train" / f"seed-{seed}"
         seed_dir.mkdir(parents=True, exist_ok=True)
@@ -353,10 +385,11 @@ class ExperimentFlow:
         # Preregistration: the hypothesis as it is when training starts (reports.prereg); the
         # identity carries it into the MLflow tag `pipeline.hypothesis_registered`.
         registered = register_hypothesis(seed_dir, spec.name, spec.hypothesis, resolved.seeds)
+        claim = self._register_claim(resolved, seed, seed_dir, results_existed=False) if role == "candidate" else None
         atomic_write_json(
             seed_dir / "identity.json",
             identity.to_dict(run_id=f"{run_dir.name}-s{seed}", pr=self.options.pr, launcher=launcher,
-                             head_sha=self.options.sha, role=role,
+                             head_sha=self.options.sha, role=role, claim=claim,
                              hypothesis_registered=json.dumps(registered["hypothesis"], sort_keys=True)),
         )
         from pipelines.launchers import get_launcher, job_from_spec, run_with_retries

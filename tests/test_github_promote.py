@@ -1,5 +1,7 @@
 """Promotion on merge: gates as pure functions, then the whole flow through PyGithub (emulator)
-and a real MLflow registry (sqlite store): alias `champion` moves, `previous-champion` kept."""
+and a real MLflow registry (sqlite store): alias `champion` moves, `previous-champion` kept.
+Runs count only through an attestation (pipelines/github/provenance.py; the trust boundary
+itself is tested against an auth-enabled server in test_github_provenance.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from pipelines.github.promote import (
     override_actor,
     promote_merged,
 )
+from pipelines.github.provenance import ProvenanceLookup
 
 EXP = "rope-theta"
 WRITERS = {"erin": "write", "mia": "maintain", "dana": "write", "frank": "read"}
@@ -140,6 +143,12 @@ def train_run(uri: str, tmp: Path, sha: str, outcome: str | None, status: str = 
             "verdict": {"outcome": outcome}, "hypothesis": {"statement": "A larger RoPE base lowers code eval loss."}}))
         client.log_artifact(run.info.run_id, str(report / "result.json"), "report")
     client.set_terminated(run.info.run_id, status)
+    if run_id is not None:  # the trusted attest job of that workflow run vouches for it
+        from pipelines.github.provenance import attest
+
+        attest(tracking_uri=uri, pr=pr, sha=sha, experiment=exp_name, workflow_run_id=run_id,
+               result={"candidate_runs": [{"mlflow_run_id": run.info.run_id}], "verdict": {"outcome": outcome},
+                       "hypothesis": {"statement": "A larger RoPE base lowers code eval loss."}})
     return run.info.run_id
 
 
@@ -152,7 +161,7 @@ def merged_event(n: int) -> PullRequestEvent:
 def run_promotion(gh: GitHubEmulator, uri: str, n: int, model: str = "lm") -> list:
     gh.add_workflow_run(REPO, TRAIN_RUN_ID, path=".github/workflows/experiment-train.yml", event="issue_comment")
     ml = MlflowPromotion(uri, model)
-    return promote_merged(merged_event(n), PyGithubHost(emulator_config(gh)), ml, ml, model_name=model,
+    return promote_merged(merged_event(n), PyGithubHost(emulator_config(gh)), ProvenanceLookup(uri), ml, model_name=model,
                           required_approvals=1, bot_login=gh.bot_login, sleep=lambda s: None)
 
 
@@ -173,7 +182,7 @@ def test_merge_promotes_and_keeps_the_previous_champion(gh: GitHubEmulator, trac
     (outcome,) = run_promotion(gh, tracking, n)
     assert outcome.gate.ok and outcome.promotion.changed
     champion = client.get_model_version_by_alias("lm", CHAMPION)
-    assert champion.run_id == run_id
+    assert champion.tags["pipeline.training_run_id"] == run_id  # the version belongs to its attestation run
     assert client.get_model_version_by_alias("lm", PREVIOUS).version == v1
     assert champion.tags["pipeline.sha"] == SHA_A and champion.tags["pipeline.pr"] == str(n)
     assert champion.tags["pipeline.verdict"] == "supported" and "RoPE" in champion.tags["pipeline.hypothesis"]

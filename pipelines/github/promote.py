@@ -11,11 +11,15 @@ For each experiment a merged PR adds or changes, the model is promoted only when
    with write access who are not the author, and no such user's review still requests
    changes. Each reviewer's latest review that carries a decision counts (APPROVED or
    CHANGES_REQUESTED: plain comments change nothing, dismissed reviews are ignored);
-4. the run was made by the train workflow for this PR: its MLflow tags `pipeline.pr`
-   (this PR) and `pipeline.github_run_id` name a run that the API confirms is
+4. the run was *attested* for this PR: the trusted `attest` job of the train workflow
+   (default-branch code, an MLflow credential the training job never sees) wrote an
+   attestation into the provenance experiment, which the trainer credential cannot write
+   (`pipelines/github/provenance.py`). Nothing the training job wrote (its run tags, start
+   times, verdict tag) is read. The attestation's `pipeline.pr` must be this PR and its
+   `pipeline.github_run_id` a run that the API confirms is
    `.github/workflows/experiment-train.yml` on the default branch (a comment or a manual
-   dispatch, never the PR's own copy of the workflow). Among those runs on the SHA the
-   latest one with a verdict decides: a later run cannot be cherry-picked past a refutation.
+   dispatch, never the PR's own copy of the workflow). The latest attestation on the SHA
+   decides: a later run cannot be cherry-picked past a refutation.
 
 Trigger: a `push` to the default branch (the merge commit). The merged PR is the one
 `GET /commits/{sha}/pulls` reports as merged with that merge commit. Running from `push`
@@ -27,20 +31,17 @@ reused when that run is already a version), the alias `champion` moves to it and
 previous champion keeps the alias `previous-champion`. Running it twice changes nothing
 the second time. A refused promotion says why in the experiment's sticky comment.
 
-Where the verdict comes from: the run's tag `pipeline.verdict` if the reporter set one,
-else `verdict.outcome` of `report/result.json`, which `reports.publish.build_report`
-logs to the first candidate's MLflow run. Tag `pipeline.gates_passed` ("true"/"false"),
-when present, overrides the outcome-based gate.
+Where the verdict comes from: the attestation's `pipeline.verdict`, which the attestor read
+from the report artifact of that workflow run (only its own training job can upload it).
+The model version's source is the attestation run's copy of `model/`, its run id the
+training run's (the champion's metrics stay where they were logged).
 """
 
 from __future__ import annotations
 
-import json
 import re
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from pipelines.github.chatops import experiments_in
@@ -76,6 +77,7 @@ class TrainingRecord:
     hypothesis: str = ""
     pr: int | None = None
     workflow_run_id: int | None = None
+    attestation_run_id: str | None = None  # the provenance run that vouches for it (trusted writer)
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,9 @@ class ModelRegistry(Protocol):
 
 
 class MlflowPromotion:
-    """`TrainingLookup` and `ModelRegistry` over `MlflowClient` (mlflow imported lazily)."""
+    """`ModelRegistry` over `MlflowClient` (mlflow imported lazily). Which run to promote comes
+    from the attestations (`pipelines.github.provenance.ProvenanceLookup`), never from tags the
+    training job wrote."""
 
     def __init__(self, tracking_uri: str | None, model_name: str, registry_uri: str | None = None):
         import os
@@ -208,59 +212,6 @@ class MlflowPromotion:
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
         self.model_name = model_name
 
-    def training_record(self, experiment: str, sha: str, accept: RunFilter | None = None) -> TrainingRecord | None:
-        """The latest run on `sha` that `accept` admits; its verdict decides (a later run
-        with a verdict replaces an earlier one, never the other way round)."""
-        assert _SHA.match(sha), "a full lower-case hex SHA; it goes into a filter string"
-        exp = self.client.get_experiment_by_name(experiment)
-        if exp is None:
-            return None
-        runs = self.client.search_runs(
-            [exp.experiment_id], filter_string=f"tags.`pipeline.git_sha` = '{sha}'",
-            order_by=["attributes.start_time DESC"], max_results=50,
-        )
-        admitted = [r for r in runs if accept is None or accept(r.data.tags)]
-        if not admitted:
-            return None
-        finished = [r for r in admitted if r.info.status == "FINISHED"] or admitted
-        # Prefer the run that carries the verdict (the first candidate of the report).
-        best, verdict, hypothesis = finished[0], None, ""
-        for run in finished:
-            verdict, hypothesis = self._verdict(run)
-            if verdict is not None:
-                best = run
-                break
-        tags = best.data.tags
-        gates = tags.get("pipeline.gates_passed")
-        return TrainingRecord(
-            experiment=experiment,
-            mlflow_run_id=best.info.run_id,
-            code_version=sha,
-            status=best.info.status,
-            dirty=tags.get("pipeline.dirty", "false").lower() == "true",
-            verdict=verdict,
-            gates_passed=None if gates is None else gates.lower() == "true",
-            model_source=f"{best.info.artifact_uri.rstrip('/')}/model",
-            hypothesis=hypothesis or tags.get("pipeline.hypothesis", ""),
-            pr=int(tags["pipeline.pr"]) if str(tags.get("pipeline.pr", "")).isdigit() else None,
-            workflow_run_id=(int(tags["pipeline.github_run_id"])
-                             if str(tags.get("pipeline.github_run_id", "")).isdigit() else None),
-        )
-
-    def _verdict(self, run: Any) -> tuple[str | None, str]:
-        tag = run.data.tags.get("pipeline.verdict")
-        if tag:
-            return tag, run.data.tags.get("pipeline.hypothesis", "")
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                local = self.client.download_artifacts(run.info.run_id, "report/result.json", tmp)
-                result = json.loads(Path(local).read_text(encoding="utf-8"))
-        except Exception:  # no report logged for this run (an MLflow error of any kind)
-            return None, ""
-        outcome = (result.get("verdict") or {}).get("outcome")
-        statement = (result.get("hypothesis") or {}).get("statement") or ""
-        return (outcome if isinstance(outcome, str) else None), statement
-
     def promote(self, record: TrainingRecord, tags: Mapping[str, str]) -> Promotion:
         from mlflow.exceptions import MlflowException
 
@@ -269,12 +220,16 @@ class MlflowPromotion:
             self.client.get_registered_model(name)
         except MlflowException:
             self.client.create_registered_model(name, description="Promoted by the GitOps training pipeline on merge.")
-        existing = self.client.search_model_versions(f"name = '{name}' and run_id = '{record.mlflow_run_id}'")
+        # The version belongs to the attestation run (MLflow wants the source inside run_id), whose
+        # `model/` is the attestor's copy; the training run stays in the tag `pipeline.training_run_id`.
+        owner = record.attestation_run_id or record.mlflow_run_id
+        existing = self.client.search_model_versions(f"name = '{name}' and run_id = '{owner}'")
         if existing:
             version = str(max(int(v.version) for v in existing))
         else:
             version = str(self.client.create_model_version(
-                name, record.model_source, run_id=record.mlflow_run_id, tags=dict(tags),
+                name, record.model_source, run_id=owner,
+                tags={**tags, "pipeline.training_run_id": record.mlflow_run_id},
                 description=record.hypothesis[:5000] or None,
             ).version)
         try:
@@ -412,6 +367,7 @@ def promote_pull(
                 "pipeline.verdict": record.verdict or "", "pipeline.hypothesis": record.hypothesis[:5000],
                 "pipeline.approved_by": ",".join(approvals), "pipeline.override_by": override_by or "",
                 "pipeline.github_run_id": str(record.workflow_run_id or ""),
+                "pipeline.attestation_run_id": record.attestation_run_id or "",
             }
             promotion = registry.promote(record, tags)
         message = render_outcome(gate, promotion, model_name)

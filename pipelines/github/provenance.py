@@ -1,0 +1,283 @@
+"""Trusted provenance: what promotion believes about a training run, written by main's code.
+
+The training job runs the pull request's code with the *trainer* MLflow credential. Anything
+that code writes (run tags, start times, metrics, artifacts, the verdict tag) is PR-controlled,
+and one shared trainer credential can write every run the trainer user ever made: PR A's
+training can create or edit runs in PR B's experiment. So promotion reads none of it.
+
+After training, the `attest` job of `experiment-train.yml` (GitHub-hosted, default-branch code,
+environment `provenance` with the *attestor* credential the training job never sees):
+
+1. takes the PR, SHA, experiment and workflow run id from `authorize` (trusted job outputs);
+2. reads the candidate MLflow run ids and the verdict from the report artifact **of this
+   workflow run** (only this run's training job can upload it; another PR cannot);
+3. checks each run against what it must be: in the MLflow experiment of that name, tagged with
+   the approved SHA, not dirty, tagged with this workflow run id;
+4. writes one *attestation* run into the provenance experiment (writable by the attestor only:
+   the trainer has the default READ there), with the PR, SHA, experiment, workflow run, the
+   training run ids, their status and the verdict, and copies the first candidate's `model/`
+   artifacts into it (a place the trainer cannot overwrite later).
+
+Promotion (`ProvenanceLookup`) reads only attestations, and registers the model from the
+attestation run's own artifacts. The registered model is created by the operator's set-up
+(`pipeline provenance setup`), so the trainer has only READ on it: it cannot create versions or
+move aliases. Set-up also creates the provenance experiment and prints its id; promotion looks
+the store up by that id (`MLFLOW_PROVENANCE_EXPERIMENT_ID`), because a trainer could create an
+experiment of the same *name* first on a fresh server, never one with a given id.
+
+Credentials: MLflow's own `MLFLOW_TRACKING_USERNAME` / `MLFLOW_TRACKING_PASSWORD` (the
+`basic-auth` app of `mlflow server`, `mlflow[auth]`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines.github.promote import RunFilter, TrainingRecord
+
+PROVENANCE_EXPERIMENT = "pipeline-provenance"
+ATTESTED_BY = "experiment-train.yml/attest"
+VERDICTS = frozenset({"supported", "refuted", "inconclusive"})
+MODEL_DIR = "model"
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+# Experiment names are validated slugs (validation/files.py); they go into a filter string.
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+
+
+class AttestationRefused(RuntimeError):
+    """The training job's claims do not match the runs in MLflow: nothing is attested."""
+
+
+@dataclass(frozen=True)
+class Attestation:
+    run_id: str  # the attestation run in the provenance experiment
+    training_run_ids: tuple[str, ...]
+    verdict: str | None
+    status: str
+
+
+# --------------------------------------------------------------------------- pure checks
+
+
+def candidate_run_ids(result: Mapping[str, Any]) -> tuple[str, ...]:
+    """The candidate MLflow run ids of a report's result.json, first (the verdict's) first."""
+    ids: list[str] = []
+    for entry in result.get("candidate_runs") or ():
+        rid = entry.get("mlflow_run_id") if isinstance(entry, Mapping) else None
+        if isinstance(rid, str) and re.fullmatch(r"[0-9a-f]{32}", rid) and rid not in ids:
+            ids.append(rid)
+    return tuple(ids)
+
+
+def verdict_of(result: Mapping[str, Any]) -> str | None:
+    outcome = (result.get("verdict") or {}).get("outcome") if isinstance(result.get("verdict"), Mapping) else None
+    return outcome if outcome in VERDICTS else None
+
+
+def check_training_run(
+    *, run_id: str, experiment_name: str, tags: Mapping[str, str], experiment: str, sha: str, workflow_run_id: int
+) -> list[str]:
+    """Why this MLflow run is not the training the attestation is for ([] = it is)."""
+    problems = []
+    if experiment_name != experiment:
+        problems.append(f"run {run_id} is in MLflow experiment `{experiment_name}`, not `{experiment}`")
+    if tags.get("pipeline.git_sha") != sha:
+        problems.append(f"run {run_id} was not made from the approved commit `{sha[:12]}`")
+    if tags.get("pipeline.dirty", "false").lower() == "true":
+        problems.append(f"run {run_id} was made from a working tree with uncommitted changes")
+    if tags.get("pipeline.github_run_id") != str(workflow_run_id):
+        problems.append(f"run {run_id} is not tagged with this workflow run ({workflow_run_id})")
+    return problems
+
+
+# --------------------------------------------------------------------------- MLflow adapter
+
+
+def _client(tracking_uri: str | None) -> Any:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def provenance_experiment_id(client: Any, experiment_id: str | None = None) -> str | None:
+    """The provenance store: by id when configured (the deployment), else by name (tests, a laptop)."""
+    if experiment_id:
+        return str(client.get_experiment(experiment_id).experiment_id)
+    exp = client.get_experiment_by_name(PROVENANCE_EXPERIMENT)
+    return None if exp is None else str(exp.experiment_id)
+
+
+def attest(
+    *,
+    tracking_uri: str | None,
+    pr: int,
+    sha: str,
+    experiment: str,
+    workflow_run_id: int,
+    result: Mapping[str, Any],
+    provenance_id: str | None = None,
+) -> Attestation:
+    """Check the training job's claims against MLflow and write the attestation (attestor credential)."""
+    if not _SHA.match(sha) or not _NAME.match(experiment) or pr <= 0 or workflow_run_id <= 0:
+        raise AttestationRefused("malformed PR, SHA, experiment or workflow run id")
+    ids = candidate_run_ids(result)
+    if not ids:
+        raise AttestationRefused("the report names no candidate MLflow run")
+    client = _client(tracking_uri)
+    problems: list[str] = []
+    statuses = []
+    for rid in ids:
+        run = client.get_run(rid)
+        exp_name = client.get_experiment(run.info.experiment_id).name
+        problems += check_training_run(run_id=rid, experiment_name=exp_name, tags=run.data.tags,
+                                       experiment=experiment, sha=sha, workflow_run_id=workflow_run_id)
+        statuses.append(run.info.status)
+    if problems:
+        raise AttestationRefused("; ".join(problems))
+    status = "FINISHED" if all(s == "FINISHED" for s in statuses) else next(s for s in statuses if s != "FINISHED")
+    # Without a configured id (a laptop, a test store) the store is found, or made, by name. A
+    # deployment sets the id: a trainer could make an experiment of that name on a fresh server
+    # (the attestor then cannot write it, so this fails closed), never one with a given id.
+    store = provenance_experiment_id(client, provenance_id) or str(client.create_experiment(PROVENANCE_EXPERIMENT))
+    verdict = verdict_of(result)
+    hypothesis = str((result.get("hypothesis") or {}).get("statement") or "")[:5000]
+    tags = {
+        "pipeline.pr": str(pr), "pipeline.sha": sha, "pipeline.experiment": experiment,
+        "pipeline.github_run_id": str(workflow_run_id), "pipeline.training_run_id": ids[0],
+        "pipeline.training_run_ids": ",".join(ids), "pipeline.training_status": status,
+        "pipeline.verdict": verdict or "", "pipeline.hypothesis": hypothesis, "pipeline.attested_by": ATTESTED_BY,
+    }
+    run = client.create_run(store, tags=tags, run_name=f"pr-{pr}-{experiment}-{sha[:12]}")
+    try:
+        _copy_model(client, ids[0], run.info.run_id)
+    except Exception:
+        client.set_terminated(run.info.run_id, "FAILED")
+        raise
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return Attestation(run.info.run_id, ids, verdict, status)
+
+
+def _copy_model(client: Any, src_run: str, dst_run: str) -> None:
+    """The candidate's `model/` artifacts into the attestation run (nothing when it logged none)."""
+    if not client.list_artifacts(src_run, MODEL_DIR):
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        local = client.download_artifacts(src_run, MODEL_DIR, tmp)
+        client.log_artifacts(dst_run, local, MODEL_DIR)
+
+
+class ProvenanceLookup:
+    """`TrainingLookup` over attestations only: never a tag or a start time the trainer wrote."""
+
+    def __init__(self, tracking_uri: str | None, provenance_id: str | None = None):
+        self.client = _client(tracking_uri)
+        self.provenance_id = provenance_id
+
+    def training_record(self, experiment: str, sha: str, accept: RunFilter | None = None) -> TrainingRecord | None:
+        """The latest attestation for `experiment` at `sha` that `accept` admits (the attestor
+        set its start time, so "latest" is the last attested training, not a writer's claim)."""
+        assert _SHA.match(sha) and _NAME.match(experiment), "validated values only: they go into a filter string"
+        store = provenance_experiment_id(self.client, self.provenance_id)
+        if store is None:
+            return None
+        runs = self.client.search_runs(
+            [store], filter_string=(f"tags.`pipeline.sha` = '{sha}' and tags.`pipeline.experiment` = '{experiment}' "
+                                    f"and tags.`pipeline.attested_by` = '{ATTESTED_BY}'"),
+            order_by=["attributes.start_time DESC"], max_results=50,
+        )
+        admitted = [r for r in runs if r.info.status == "FINISHED" and (accept is None or accept(r.data.tags))]
+        if not admitted:
+            return None
+        best = admitted[0]
+        tags = best.data.tags
+        return TrainingRecord(
+            experiment=experiment,
+            mlflow_run_id=tags["pipeline.training_run_id"],
+            code_version=sha,
+            status=tags.get("pipeline.training_status", "UNKNOWN"),
+            dirty=False,  # the attestor refused dirty runs
+            verdict=tags.get("pipeline.verdict") or None,
+            gates_passed=None,
+            model_source=f"{best.info.artifact_uri.rstrip('/')}/{MODEL_DIR}",
+            hypothesis=tags.get("pipeline.hypothesis", ""),
+            pr=int(tags["pipeline.pr"]),
+            workflow_run_id=int(tags["pipeline.github_run_id"]),
+            attestation_run_id=best.info.run_id,
+        )
+
+
+# --------------------------------------------------------------------------- operator set-up
+
+
+@dataclass(frozen=True)
+class SetupResult:
+    provenance_experiment_id: str
+    model_name: str
+
+
+def setup(
+    *, tracking_uri: str, model_name: str, trainer: tuple[str, str], attestor: tuple[str, str],
+    admin: tuple[str, str],
+) -> SetupResult:
+    """Users, the provenance experiment and the registered model, made with the attestor's
+    credential (so it holds MANAGE; the trainer keeps the server's default READ). Idempotent.
+
+    Needs the `basic-auth` app with `default_permission = READ` (docs/operations.md)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.server import get_app_client
+
+    def login(user: tuple[str, str]) -> None:
+        os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = user
+
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+    try:
+        login(admin)
+        auth = get_app_client("basic-auth", tracking_uri=tracking_uri)
+        for name, password in (trainer, attestor):
+            try:
+                auth.get_user(name)
+            except MlflowException:
+                auth.create_user(name, password)
+        login(attestor)
+        client = _client(tracking_uri)
+        exp = client.get_experiment_by_name(PROVENANCE_EXPERIMENT)
+        exp_id = str(exp.experiment_id) if exp else str(client.create_experiment(PROVENANCE_EXPERIMENT))
+        # Refuse a store or model the attestor cannot write (someone else made it first).
+        probe = client.create_run(exp_id, run_name="setup-probe")
+        client.delete_run(probe.info.run_id)
+        try:
+            client.get_registered_model(model_name)
+        except MlflowException:
+            client.create_registered_model(model_name, description="Promoted by the GitOps training pipeline on merge.")
+        client.set_registered_model_tag(model_name, "pipeline.registry_owner", attestor[0])
+        return SetupResult(exp_id, model_name)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    """A result.json from the report artifact (data written by the trained commit's code)."""
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > 5_000_000:
+        raise AttestationRefused(f"no usable {path.name} in the report artifact")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise AttestationRefused(f"{path.name} is not a JSON object")
+    return data
+
+
+__all__: Sequence[str] = (
+    "ATTESTED_BY", "PROVENANCE_EXPERIMENT", "Attestation", "AttestationRefused", "ProvenanceLookup",
+    "attest", "candidate_run_ids", "check_training_run", "read_result", "setup", "verdict_of",
+)
