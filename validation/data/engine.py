@@ -142,6 +142,8 @@ def _slurm_executor_class() -> Any:
             args = super().get_sbatch_args(max_array)
             if not args.get("partition"):  # datatrove always writes one; none means the default
                 args.pop("partition", None)
+            if "mem" in args:  # a memory limit per task, not datatrove's per-CPU default (sbatch takes one)
+                args.pop("mem-per-cpu", None)
             return args
 
     return PreparationSlurmExecutor
