@@ -44,6 +44,8 @@ class HypothesisView:
     seeds: int = 1
     alpha_override: str = ""
     """Why alpha exceeds the 0.1 limit (shown in the comment); empty when it does not."""
+    pilot: bool = False
+    """An exploratory pilot (decides nothing)."""
 
     @classmethod
     def of(cls, hypothesis: Any) -> HypothesisView:
@@ -59,6 +61,7 @@ class HypothesisView:
             baseline=str(get("baseline", "") or ""),
             seeds=int(get("seeds", 1) or 1),
             alpha_override=str(get("alpha_override", "") or ""),
+            pilot=bool(get("pilot", False)),
         )
 
     def registered_fields(self) -> dict[str, Any]:

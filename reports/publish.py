@@ -104,6 +104,7 @@ def report_result(report: Report, markdown: str, plots: Sequence[str]) -> dict[s
         "hypothesis_changes": list(report.hypothesis_changes),
         "current_hypothesis": asdict(report.current_hypothesis) if report.current_hypothesis else None,
         "added_seeds": list(report.added_seeds),
+        "decided_seeds": list(report.decided_seeds),
         "exploratory": ({"outcome": report.exploratory.outcome, "effect": report.exploratory.effect,
                          "effect_ci": report.exploratory.effect_ci, "n_pairs": report.exploratory.n_pairs}
                         if report.exploratory else None),
@@ -142,6 +143,7 @@ def build_report(
     baseline_name: str | None = None,
     max_chars: int = GITHUB_COMMENT_LIMIT,
     env: dict[str, str] | None = None,
+    claim: str | None = None,
 ) -> BuiltReport:
     """Reads the runs, writes `out_dir/{report.md, *.png, result.json}` and returns them.
 
@@ -166,7 +168,12 @@ def build_report(
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    report = make_report(cand_records, base_records, hypothesis, experiment=experiment, baseline_name=baseline_name)
+    if claim is None and spec is not None and not isinstance(spec, str | Path):
+        from reports.prereg import claim_key
+
+        claim = claim_key(spec)
+    report = make_report(cand_records, base_records, hypothesis, experiment=experiment, baseline_name=baseline_name,
+                         claim=claim)
     from reports.plots import log_to_mlflow, save_plots
 
     plots = save_plots(report, out)

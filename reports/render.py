@@ -186,11 +186,13 @@ def headline(report: Report) -> str:
         e = report.exploratory
         bounds = (f", one-sided bounds [{e.effect_ci[0]:+.2%}, {e.effect_ci[1]:+.2%}]" if e.effect_ci else "")
         effect = f"{e.effect:+.2%}" if e.effect is not None else "—"
+        decided = (f"the headline was decided on seeds {', '.join(str(s) for s in report.decided_seeds)} only"
+                   if report.decided_seeds else "no seed here was registered for the headline")
         lines += [
             f"**Seeds added after registration** ({', '.join(str(s) for s in report.added_seeds)}): exploratory look "
-            f"over all {e.n_pairs} paired seeds, effect {effect}{bounds}, would read *{e.outcome}*. It decides "
-            "nothing: the registered look spent all of alpha (see `reports/prereg.py`); to decide with more "
-            "seeds, register a new experiment on fresh seeds.",
+            f"over all {e.n_pairs} paired seeds, effect {effect}{bounds}. It decides nothing ({decided}): the "
+            "registered look spent all of alpha (see `reports/prereg.py`); a confirmatory answer is a new "
+            "registration on fresh seeds.",
             "",
         ]
     if report.registration_note:

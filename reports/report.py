@@ -83,6 +83,8 @@ class Report:
     exploratory: Verdict | None = None
     """What all paired seeds, added ones included, would say; decides nothing."""
     registration_note: str = ""
+    decided_seeds: tuple[int | None, ...] = ()
+    """The seeds the headline was decided on (the confirmatory registration's own runs)."""
 
     @property
     def hypothesis(self) -> HypothesisView:
@@ -183,8 +185,12 @@ def make_report(
     *,
     experiment: str | None = None,
     baseline_name: str | None = None,
+    claim: str | None = None,
 ) -> Report:
-    """Everything for one comparison; `hypothesis` defaults to the candidate spec's own."""
+    """Everything for one comparison; `hypothesis` defaults to the candidate spec's own.
+
+    `claim` (`reports.prereg.claim_key`) names the registration that decides the headline;
+    by default the claim most candidate runs carry, else the registration by experiment name."""
     candidates, baselines = tuple(candidates), tuple(baselines)
     assert candidates, "a report needs at least one candidate run"
     if hypothesis is None:
@@ -194,25 +200,56 @@ def make_report(
 
     current = HypothesisView.of(hypothesis)
     name = experiment or candidates[0].experiment
-    entry = prereg.registered_for(candidates, name)
     view, note = current, ""
     changed: tuple[str, ...] = ()
     added: tuple[int | None, ...] = ()
     decided = candidates
-    if entry is not None:
-        view = prereg.registered_view(entry, current)
-        changed = tuple(prereg.changes(view, current))
-        registered_seeds = set(entry.get("seed_list") or [])
-        if registered_seeds:
-            decided = tuple(r for r in candidates if r.seed in registered_seeds)
-            added = tuple(sorted({r.seed for r in candidates if r.seed not in registered_seeds}, key=lambda s: s or 0))
-        if entry.get("results_existed"):
-            note = (f"The hypothesis of `{name}` was registered on {entry.get('registered_at', '?')} when its runs "
-                    "already had results (they were reused from an identical configuration).")
+    headline_override: str | None = None
+    carried = prereg.claims_of(candidates)
+    claim = claim if claim in carried else next(iter(carried), None)
+    if claim is not None:
+        entry, decided, explored = prereg.split_by_registration(candidates, claim)
+        added = _seeds(explored)
+        if entry is not None:
+            view = prereg.registered_view(entry, current)
+            changed = tuple(prereg.changes(view, current))
+            if not decided:
+                headline_override = (
+                    f"Inconclusive: none of these runs is on the claim's registered seeds "
+                    f"{entry.get('seed_list')} (registered {entry.get('registered_at', '?')} by "
+                    f"`{entry.get('experiment', '?')}`): a rename, a new base seed or added seeds of the same "
+                    "configuration and baseline are the same claim, and its verdict is decided on its registered "
+                    "seeds only. Everything here is an exploratory look.")
+        else:
+            pilot = any((getattr(r, "registrations", {}).get(prereg.CLAIM_PREFIX + claim) or {}).get("kind") == "pilot"
+                        for r in candidates)
+            headline_override = (
+                "Inconclusive: a pilot decides nothing; its numbers are an exploratory look. The confirmatory "
+                "test is a new registration on fresh seeds: set `hypothesis.pilot: false` and the plan picks seeds "
+                "no run of this claim has used." if pilot else
+                "Inconclusive: these runs had results before the claim was registered, so they are an exploratory "
+                "look only; a confirmatory verdict needs runs trained under the registration.")
+            decided = ()
+    else:  # registrations by experiment name (runs made before claims)
+        entry = prereg.registered_for(candidates, name)
+        if entry is not None:
+            view = prereg.registered_view(entry, current)
+            changed = tuple(prereg.changes(view, current))
+            registered_seeds = set(entry.get("seed_list") or [])
+            if registered_seeds:
+                decided = tuple(r for r in candidates if r.seed in registered_seeds)
+                added = _seeds(r for r in candidates if r.seed not in registered_seeds)
+            if entry.get("results_existed"):
+                note = (f"The hypothesis of `{name}` was registered on {entry.get('registered_at', '?')} when its "
+                        "runs already had results (they were reused from an identical configuration).")
     comparison = compare(decided, baselines, view)
     exploratory = None
     if added:
         exploratory = verdict(compare(candidates, baselines, view), candidates=candidates, baselines=baselines)
+    if headline_override is not None:
+        decided_verdict = Verdict("inconclusive", headline_override, view.metric, 0, alpha=view.alpha)
+    else:
+        decided_verdict = verdict(comparison, candidates=decided, baselines=baselines)
     cand0 = candidates[0]
     base0 = baselines[0] if baselines else None
     data_diff = DataDiff(
@@ -227,7 +264,7 @@ def make_report(
         experiment=name,
         baseline_name=baseline_name or (base0.experiment if base0 else view.baseline or "baseline"),
         comparison=comparison,
-        verdict=verdict(comparison, candidates=decided, baselines=baselines),
+        verdict=decided_verdict,
         candidates=candidates,
         baselines=baselines,
         params_diff=params_diff(cand0.params, base0.params) if base0 else (),
@@ -241,4 +278,9 @@ def make_report(
         added_seeds=added,
         exploratory=exploratory,
         registration_note=note,
+        decided_seeds=_seeds(decided),
     )
+
+
+def _seeds(runs: Any) -> tuple[int | None, ...]:
+    return tuple(sorted({r.seed for r in runs}, key=lambda s: (s is None, s or 0)))

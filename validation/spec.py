@@ -68,6 +68,10 @@ class Hypothesis(Section):
     """Significance level of the one-sided paired test behind the verdict: the chance of
     calling the hypothesis supported when its effect is only min_effect. At most 0.1 unless
     `alpha_override` says why."""
+    pilot: bool = False
+    """A pilot is exploratory: it sizes the study and decides nothing. The confirmatory run of
+    the same claim (configuration without the seed, and baseline) sets it false; the plan then
+    picks seeds no run of the claim used (docs/verdicts.md, "Preregistration")."""
 
     @field_validator("alpha")
     @classmethod
