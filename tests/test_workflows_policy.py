@@ -173,8 +173,13 @@ def test_train_job_runs_only_the_approved_sha_on_gated_self_hosted_runners() -> 
     assert train["environment"] == "gpu-training"
     assert train["needs"] == "authorize"
     assert "needs.authorize.outputs.launch == 'true'" in train["if"]
-    checkout = train["steps"][0]
-    assert checkout["with"] == {"ref": "${{ needs.authorize.outputs.sha }}", "persist-credentials": False}
+    # Issue 19 item 2: the first steps run the default branch's head check, before any PR code.
+    steps = train["steps"]
+    assert steps[0]["with"] == {"ref": "${{ github.event.repository.default_branch }}", "persist-credentials": False}
+    assert steps[1]["id"] == "head" and 'train_gate.py" head' in steps[1]["run"]
+    pr_checkouts = [i for i, st in enumerate(steps) if st.get("with", {}).get("ref") == "${{ needs.authorize.outputs.sha }}"]
+    assert pr_checkouts == [2]
+    assert steps[2]["with"] == {"ref": "${{ needs.authorize.outputs.sha }}", "persist-credentials": False}
     authorize = workflow["jobs"]["authorize"]
     assert "self-hosted" not in runs_on_labels(authorize)
     assert "secrets." not in yaml.safe_dump(authorize)
@@ -407,3 +412,41 @@ def test_the_lock_pins_every_package_with_hashes() -> None:
               if line.strip() and not line.startswith("#")]
     assert wanted and all(name in pins for name in wanted), sorted(set(wanted) - set(pins))
     assert not any(name in pins for name in ("torch", "transformers", "accelerate")), "the lock pulls in training"
+
+
+@pytest.mark.unit
+def test_pr_code_gets_no_write_token_and_never_the_attestor_credential() -> None:
+    """Issue 19 items 1 and 6: the training job's token can only read; the attestor's MLflow
+    credential lives only in the trusted attest job (environment `provenance`) and promotion."""
+    workflow = yaml.safe_load((WORKFLOWS / "experiment-train.yml").read_text(encoding="utf-8"))
+    train = workflow["jobs"]["train"]
+    assert set(train["permissions"].values()) == {"read"}
+    text = yaml.safe_dump(train)
+    assert "ATTESTOR" not in text and "MLFLOW_TRACKING_TOKEN" not in text
+    pr_steps = train["steps"][2:]
+    assert all("github.token" not in yaml.safe_dump(st) for st in pr_steps), "no token handed to PR code"
+    attest = workflow["jobs"]["attest"]
+    assert attest["environment"] == "provenance" and "self-hosted" not in runs_on_labels(attest)
+    assert attest["permissions"] == {"contents": "read"}
+    refs = [st.get("with", {}).get("ref") for st in attest["steps"] if "checkout" in str(st.get("uses", ""))]
+    assert refs == ["${{ github.event.repository.default_branch }}"]
+    assert "pipeline attest" in yaml.safe_dump(attest) and "MLFLOW_ATTESTOR_PASSWORD" in yaml.safe_dump(attest)
+    promote = yaml.safe_load((WORKFLOWS / "experiment-promote.yml").read_text(encoding="utf-8"))
+    assert "MLFLOW_ATTESTOR_PASSWORD" in yaml.safe_dump(promote) and "TRAINER" not in yaml.safe_dump(promote)
+    for name, job in workflow["jobs"].items():
+        if name not in ("attest",):
+            assert "ATTESTOR" not in yaml.safe_dump(job), name
+
+
+@pytest.mark.unit
+def test_matrix_comment_writers_never_share_one_pending_slot() -> None:
+    """Issue 19 item 5: GitHub keeps one pending job per concurrency group, so jobs of a matrix
+    over experiments that share a per-PR group drop each other's writes. Every matrix job that
+    has a group keys it by the experiment too."""
+    for path in sorted(WORKFLOWS.glob("*.yml")):
+        workflow = yaml.safe_load(path.read_text(encoding="utf-8"))
+        for name, job in workflow["jobs"].items():
+            matrix = (job.get("strategy") or {}).get("matrix") or {}
+            group = (job.get("concurrency") or {}).get("group") if isinstance(job.get("concurrency"), dict) else None
+            if group and "experiment" in matrix:
+                assert "matrix.experiment" in group, f"{path.name}:{name} group {group}"

@@ -184,6 +184,21 @@ def experiments_in(files: Iterable[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
+def experiment_file(root: Path, name: str) -> Path | None:
+    """The one experiment-file rule of every job (and of .github/scripts/train_gate.py):
+    `experiments/<name>.yaml` or `.yml`, a regular file, not a symlink, not both."""
+    if not re.fullmatch(NAME_PATTERN, name) or (root / "experiments").is_symlink():
+        return None
+    found = []
+    for ext in (".yaml", ".yml"):
+        path = root / "experiments" / f"{name}{ext}"
+        if path.is_symlink():
+            return None
+        if path.is_file():
+            found.append(path)
+    return found[0] if len(found) == 1 else None
+
+
 def validated_shas(comments: Sequence[Comment], experiments: Iterable[str], author: str | None) -> dict[str, str]:
     """experiment -> head SHA whose validation passed, from the sticky comments' state."""
     out: dict[str, str] = {}
@@ -291,8 +306,7 @@ def revalidate(host: RepoContentHost, sha: str, experiments: Sequence[str]) -> d
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         for exp in experiments:
-            path = next((root / "experiments" / f"{exp}{ext}" for ext in (".yaml", ".yml")
-                         if (root / "experiments" / f"{exp}{ext}").is_file()), None)
+            path = experiment_file(root, exp)
             if path is None:
                 problems[exp] = 1
                 continue

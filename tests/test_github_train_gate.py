@@ -1,0 +1,95 @@
+"""The train job's first step and the one experiment-file rule (issue 19 items 2 and 7).
+
+`.github/scripts/train_gate.py head` runs as the workflow runs it (a subprocess, standard
+library only) against the GitHub emulator: `/train` approved C1, the writer pushed C2 while
+the job waited for the environment's reviewers: nothing trains, the output says why.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from github_emulator import REPO, SHA_A, SHA_B, GitHubEmulator, emulated_repo
+
+from pipelines.github.chatops import experiment_file
+
+SCRIPT = Path(__file__).resolve().parents[1] / ".github" / "scripts" / "train_gate.py"
+
+
+@pytest.fixture
+def gh() -> Iterator[GitHubEmulator]:
+    with GitHubEmulator() as emulator:
+        yield emulator
+
+
+def gate(gh: GitHubEmulator, tmp: Path, pr: int, approved: str) -> tuple[int, str, dict[str, str], str]:
+    out, summary = tmp / "output", tmp / "summary"
+    out.write_text(""), summary.write_text("")
+    env = {"PATH": os.environ["PATH"], "GITHUB_API_URL": gh.base_url, "GITHUB_REPOSITORY": REPO,
+           "GITHUB_TOKEN": gh.token, "PR_NUMBER": str(pr), "HEAD_SHA": approved,
+           "GITHUB_OUTPUT": str(out), "GITHUB_STEP_SUMMARY": str(summary)}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "head"], env=env, capture_output=True, text=True, timeout=60)
+    outputs = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    return proc.returncode, proc.stdout, outputs, summary.read_text()
+
+
+@pytest.mark.integration
+def test_a_push_after_train_stops_the_training_before_any_pr_code(gh: GitHubEmulator, tmp_path: Path) -> None:
+    n = emulated_repo(gh, head_sha=SHA_A)
+    rc, _, outputs, summary = gate(gh, tmp_path, n, SHA_A)
+    assert rc == 0 and outputs == {"fresh": "true", "head": SHA_A}
+    assert f"Training commit `{SHA_A}`" in summary
+    gh.push(REPO, n, SHA_B)  # force-pushed while the job waited for the environment approval
+    rc, stdout, outputs, summary = gate(gh, tmp_path, n, SHA_A)
+    assert rc == 1 and outputs == {"fresh": "false", "head": SHA_B}
+    assert "::error::not training" in stdout and SHA_B[:12] in stdout
+    assert "Not trained" in summary and SHA_B in summary
+
+
+@pytest.mark.integration
+def test_malformed_inputs_never_pass(gh: GitHubEmulator, tmp_path: Path) -> None:
+    n = emulated_repo(gh, head_sha=SHA_A)
+    rc, _, outputs, _ = gate(gh, tmp_path, n, "not-a-sha")
+    assert rc == 1 and outputs["fresh"] == "false"
+
+
+def _gate_file(root: Path, name: str) -> str | None:
+    proc = subprocess.run([sys.executable, str(SCRIPT), "experiment-file", str(root), name], capture_output=True,
+                          text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("layout,expected", [
+    ({"exp-a.yaml": "x"}, "experiments/exp-a.yaml"),
+    ({"exp-a.yml": "x"}, "experiments/exp-a.yml"),
+    ({"exp-a.yaml": "x", "exp-a.yml": "x"}, None),  # ambiguous
+    ({"exp-a.yaml": "->other.yaml", "other.yaml": "x"}, None),  # a symlink
+    ({}, None),
+])
+def test_one_experiment_file_rule_in_every_job(tmp_path: Path, layout: dict[str, str], expected: str | None) -> None:
+    """The API re-check (chatops), the capacity job and the train job (train_gate.py) agree."""
+    exp = tmp_path / "experiments"
+    exp.mkdir()
+    for name, content in layout.items():
+        if content.startswith("->"):
+            (exp / name).symlink_to(exp / content[2:])
+        else:
+            (exp / name).write_text(content)
+    found = experiment_file(tmp_path, "exp-a")
+    assert (None if found is None else found.relative_to(tmp_path).as_posix()) == expected
+    assert _gate_file(tmp_path, "exp-a") == expected
+
+
+@pytest.mark.unit
+def test_a_symlinked_experiments_folder_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (real / "exp-a.yaml").write_text("x")
+    (tmp_path / "experiments").symlink_to(real)
+    assert experiment_file(tmp_path, "exp-a") is None and _gate_file(tmp_path, "exp-a") is None
