@@ -1,0 +1,228 @@
+"""Data preparation at corpus scale (issue 18): peak memory, tokenization throughput against
+the `tokenizers` batch-encode ceiling, and local determinism, for one generated JSON Lines
+source of a given size.
+
+    .venv/bin/python bench/bench_data_scale.py --mb 600 [--workers 2] [--no-append]
+    nice -n 10 .venv/bin/python bench/bench_data_scale.py --mb 6144 --skip-ceiling   # the big one
+
+The corpus is generated into a temporary directory (never the repository; removed after),
+English-like documents of varied length with 2 % exact duplicates. The preparation runs in a
+child process (`pipeline`'s own `prepare_data`, the spec's default byte-level BPE, vocab
+4096); peak RSS is sampled every 0.2 s over the child's whole process tree (driver, datatrove
+workers, forkserver, manager) and also read from the kernel's per-process high-water mark
+(`ru_maxrss` of the largest child). The ceiling is `Tokenizer.encode_batch_fast` alone, all
+cores, on the cleaned text of the first `--ceiling-mb` of the same corpus with the same
+tokenizer, run right after the preparation on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+WORDS = ("the of and to in is that for it as with was on be by this are from at or an have not which but "
+         "all their were can more one has been its when there than other some them into only time new these "
+         "would two may first any like over such our use most also well where after year way even many "
+         "model data training token batch shard memory worker stream corpus merge index cluster node job "
+         "loss step rate value result function method class module return import error file path").split()
+
+
+def generate(path: Path, target_bytes: int, seed: int = 0) -> dict:
+    """English-like JSON Lines: documents of 40-4000 words, every 50th an exact copy of an earlier one."""
+    rng = random.Random(seed)
+    pool = [" ".join(rng.choice(WORDS) for _ in range(64)) for _ in range(4096)]
+    written = docs = dups = 0
+    recent: list[str] = []
+    with path.open("w", encoding="utf-8") as handle:
+        while written < target_bytes:
+            if recent and docs % 50 == 49:
+                text = recent[rng.randrange(len(recent))]
+                dups += 1
+            else:
+                n = int(rng.lognormvariate(5.3, 0.8)) // 64 + 1
+                parts = [pool[rng.randrange(len(pool))] for _ in range(n)]
+                text = f"Document {docs}. " + ". ".join(parts) + "."
+                if len(recent) < 1000:
+                    recent.append(text)
+                else:
+                    recent[rng.randrange(1000)] = text
+            line = json.dumps({"text": text}) + "\n"
+            handle.write(line)
+            written += len(line)
+            docs += 1
+    return {"bytes": written, "documents": docs, "duplicates_written": dups}
+
+
+_CHILD = """
+import json, sys, time
+from pathlib import Path
+from validation.data import prepare_data
+from validation.spec import DataSpec
+repo, cache, workers = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+data = DataSpec.model_validate({"sources": [{"name": "big", "path": "data/big.jsonl", "weight": 1.0}]})
+t = time.perf_counter()
+prepared = prepare_data(data, repo, cache_root=cache, progress=False, workers=workers)
+print(json.dumps({"seconds": round(time.perf_counter() - t, 2), "version": prepared.version,
+                  "path": str(prepared.path), "stats": prepared.stats["big"]}))
+"""
+
+
+def _tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def run_prepare(repo: Path, cache: Path, workers: int, status: Path | None = None) -> dict:
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(repo), str(cache), str(workers)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    peak = [0]
+
+    started = time.perf_counter()
+
+    def sample() -> None:
+        last = 0.0
+        while proc.poll() is None:
+            peak[0] = max(peak[0], _tree_rss(proc.pid))
+            if status and time.perf_counter() - last > 10:  # a long run can be read while it runs
+                last = time.perf_counter()
+                stages = sorted(p.parent.parent.name + "/" + str(len(list(p.iterdir())))
+                                for p in cache.glob(".build-*/*/logs/completions"))
+                status.write_text(json.dumps({"elapsed_s": round(last - started), "peak_tree_rss_mib":
+                                              round(peak[0] / 2**20, 1), "completed": stages}) + "\n")
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    sampler.join()
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_tree_rss_mib"] = round(peak[0] / 2**20, 1)
+    result["max_process_rss_mib"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
+    version = result["version"]
+    result["timings"] = json.loads((cache / ".logs" / version / "timings.json").read_text())
+    return result
+
+
+def ceiling(corpus: Path, tokenizer_path: Path, mb: float) -> dict:
+    """`encode_batch_fast` alone on the cleaned text of the corpus's first `mb` MB, all cores."""
+    from tokenizers import Tokenizer
+
+    from validation.data.clean import clean_text
+    from validation.data.prepare import parallel_tokenizers
+
+    texts, size = [], 0
+    with corpus.open(encoding="utf-8") as handle:
+        for line in handle:
+            text = clean_text(json.loads(line)["text"])
+            texts.append(text)
+            size += len(text.encode("utf-8"))
+            if size >= mb * 1e6:
+                break
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    best = None
+    with parallel_tokenizers():
+        for _ in range(2):
+            t, c = time.perf_counter(), time.process_time()
+            tokens = 0
+            for i in range(0, len(texts), 2000):  # batches of documents, as the preparation encodes
+                tokens += sum(len(e.ids) for e in tokenizer.encode_batch_fast(texts[i:i + 2000],
+                                                                             add_special_tokens=False))
+            wall, cpu = time.perf_counter() - t, time.process_time() - c
+            if best is None or wall < best[0]:
+                best = (wall, cpu / wall, tokens)
+    assert best is not None
+    return {"ceiling_mb": round(size / 1e6, 1), "ceiling_tokens_per_s": round(best[2] / best[0]),
+            "ceiling_cpu_per_wall": round(best[1], 2)}
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def main() -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=600.0, help="size of the generated source")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--ceiling-mb", type=float, default=60.0)
+    parser.add_argument("--skip-ceiling", action="store_true")
+    parser.add_argument("--tmp", default=None, help="where the corpus and cache go (default: the system temp)")
+    parser.add_argument("--no-append", action="store_true")
+    parser.add_argument("--status", type=Path, default=None, help="rewrite this JSON file every 10 s while preparing")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        repo = Path(tmp)
+        (repo / "data").mkdir()
+        t = time.perf_counter()
+        gen = generate(repo / "data/big.jsonl", int(args.mb * 1e6))
+        gen["generate_s"] = round(time.perf_counter() - t, 1)
+        run = run_prepare(repo, repo / "cache", args.workers, args.status)
+        st = run.pop("stats")
+        tokenize_s = run["timings"]["seconds"]["tokenize"]
+        figures = {
+            "input_mb": round(gen["bytes"] / 1e6, 1), "documents_read": st["documents_read"],
+            "duplicates_dropped": st["duplicates_dropped"], "tokens": st["tokens"], "workers": args.workers,
+            "tasks": run["timings"]["tasks"], "prepare_s": run["seconds"], "stage_s": run["timings"]["seconds"],
+            "peak_tree_rss_mib": run["peak_tree_rss_mib"], "max_process_rss_mib": run["max_process_rss_mib"],
+            "prepare_tokens_per_s": round(st["tokens"] / run["seconds"]),
+            "tokenize_stage_tokens_per_s": round(st["tokens"] / tokenize_s),
+            "generate_s": gen["generate_s"],
+        }
+        if not args.skip_ceiling:
+            figures.update(ceiling(repo / "data/big.jsonl", Path(run["path"]) / "tokenizer/tokenizer.json",
+                                   args.ceiling_mb))
+            figures["tokenize_stage_vs_ceiling"] = round(figures["tokenize_stage_tokens_per_s"]
+                                                         / figures["ceiling_tokens_per_s"], 3)
+        figures["load_avg_end"] = round(os.getloadavg()[0], 1)
+    print(json.dumps(figures, indent=1))
+    if not args.no_append:
+        _append(figures)
+    return figures
+
+
+def _append(figures: dict) -> None:
+    import tokenizers
+
+    lines = ["", f"## Data at scale (bench/bench_data_scale.py, {figures['input_mb']} MB) — "
+             f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}", "",
+             f"Machine: {os.cpu_count()} CPUs (nproc), {_cpu_model()}, "
+             f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, shared with other "
+             f"sessions (1-min load average {figures['load_avg_end']} at the end); Python "
+             f"{platform.python_version()}, tokenizers {tokenizers.__version__}.", "",
+             "| figure | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in figures.items()]
+    with (REPO / "bench" / "RESULTS.md").open("a", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
