@@ -168,6 +168,9 @@ def chatops(
         config = _config(repo, getattr(event, "repo", ""))
         decision = handle_event(event, _host(config), bot_login=config.bot_login)
         write_outputs(decision, os.environ.get("GITHUB_OUTPUT"))
+        if decision.action == "launch":
+            _summary(f"Launching {', '.join(f'`{e}`' for e in decision.experiments)} of #{decision.pr} at commit "
+                     f"`{decision.sha}`: the environment approval is for this commit only.")
         typer.echo(f"{decision.action}: {decision.reason}")
 
     _guarded(run)

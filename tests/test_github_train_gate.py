@@ -93,3 +93,30 @@ def test_a_symlinked_experiments_folder_is_refused(tmp_path: Path) -> None:
     (real / "exp-a.yaml").write_text("x")
     (tmp_path / "experiments").symlink_to(real)
     assert experiment_file(tmp_path, "exp-a") is None and _gate_file(tmp_path, "exp-a") is None
+
+
+@pytest.mark.integration
+def test_train_on_c1_push_c2_approve_nothing_trains(gh: GitHubEmulator, tmp_path: Path) -> None:
+    """The whole sequence at the component level: `/train` on C1 is accepted and the sticky
+    comment names C1 (what the environment reviewer approves); C2 is pushed; the train job's
+    first step refuses before any PR code."""
+    from github_emulator import emulator_config
+
+    from pipelines.github.chatops import handle_event
+    from pipelines.github.client import PyGithubHost
+    from pipelines.github.comment import StickyComment
+    from pipelines.github.events import CommentEvent
+
+    n = emulated_repo(gh, head_sha=SHA_A)
+    host = PyGithubHost(emulator_config(gh))
+    StickyComment.for_experiment(host, n, "rope-theta", author=gh.bot_login).upsert(
+        "## awaiting /train", {"validated_sha": SHA_A}, head_sha=SHA_A)
+    event = CommentEvent(action="created", comment_id=77, body="/train", author="erin", author_association="MEMBER",
+                         issue_number=n, is_pull_request=True, repo=REPO, sender="erin")
+    decision = handle_event(event, host, bot_login=gh.bot_login)
+    assert decision.action == "launch" and decision.sha == SHA_A
+    (sticky,) = gh.comments(REPO, n)
+    assert f"training commit `{SHA_A}`" in sticky["body"]
+    gh.push(REPO, n, SHA_B)
+    rc, stdout, outputs, _ = gate(gh, tmp_path, n, decision.sha)
+    assert rc == 1 and outputs["fresh"] == "false" and outputs["head"] == SHA_B

@@ -363,6 +363,12 @@ def handle_event(event: Event, host: ChatOpsHost, *, bot_login: str | None) -> D
                 reply=f"Hi {_hello(actor)}, {names} does not pass `pipeline validate` (the default branch's) at "
                       f"`{decision.sha[:12]}`. Fix the experiment file and wait for the checks, then comment "
                       f"`/{command.verb}` again.\n\nNothing was started.")
+    if decision.action == "launch":
+        # What the `gpu-training` environment's reviewers approve: this exact commit. The train
+        # job checks again, before any PR code, that it is still the head (train_gate.py head).
+        for exp in decision.experiments:
+            StickyComment.for_experiment(host, number, exp, author=bot_login).upsert_section(
+                "training", launch_notice(decision, exp))
     if decision.reply and reply_key:
         if decision.reason == "no write access" and _LOGIN.match(actor):
             # One reply per stranger and PR, edited in place, however many commands they post.
@@ -370,6 +376,14 @@ def handle_event(event: Event, host: ChatOpsHost, *, bot_login: str | None) -> D
         # Otherwise keyed by the command's comment id: a re-run of the job edits, never duplicates.
         StickyComment(host, number, reply_key, author=bot_login).upsert(decision.reply)
     return decision
+
+
+def launch_notice(decision: Decision, experiment: str) -> str:
+    """The sticky comment's `training` section on launch (validated names and a SHA only)."""
+    return (f"### ⏳ `{experiment}`: training commit `{decision.sha}`\n\n"
+            f"`/{'retry' if decision.retry else 'train'}` was accepted for exactly this commit; the `gpu-training` "
+            "environment's reviewers approve it. If the pull request's head is another commit when the training "
+            "job starts, nothing trains and this comment says so: comment `/train` again on the new head.")
 
 
 def write_outputs(decision: Decision, path: str | Path | None) -> None:
