@@ -98,6 +98,7 @@ class Repo:
     trees: dict[str, dict[str, bytes]] = field(default_factory=dict)
     git_dir: str | None = None
     workflow_runs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    commits: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # PR -> its commits, oldest first
 
 
 class GitHubEmulator:
@@ -264,6 +265,7 @@ class GitHubEmulator:
         r.files[number] = [{"filename": f, "status": "added"} for f in files]
         r.reviews[number] = []
         r.events[number] = []
+        r.commits[number] = [{"sha": head_sha, "author": author, "committer": author, "date": now}]
         return pr
 
     def issue_token(self, ttl: float | None = None) -> str:
@@ -300,10 +302,20 @@ class GitHubEmulator:
                             "created_at": _now_iso()}
         return number
 
-    def push(self, repo: str, number: int, new_sha: str, files: dict[str, str | bytes] | None = None) -> None:
-        """A new commit on the PR's head branch (its tree: the old head's, updated with `files`)."""
+    def push(self, repo: str, number: int, new_sha: str, files: dict[str, str | bytes] | None = None,
+             *, pusher: str | None = None, force: bool = False) -> None:
+        """A new commit on the PR's head branch (its tree: the old head's, updated with `files`),
+        authored and committed by `pusher` (default the PR's author); `force` also records the
+        `head_ref_force_pushed` issue event GitHub writes, with the pusher as actor."""
         r = self.repos[repo]
         pr = r.pulls[number]
+        who = pusher or pr["user"]
+        if who not in self.users:
+            self.add_user(who)
+        r.commits.setdefault(number, []).append({"sha": new_sha, "author": who, "committer": who, "date": _now_iso()})
+        if force:
+            r.events.setdefault(number, []).append({"id": self._next_id(), "actor": who, "event": "head_ref_force_pushed",
+                                                    "created_at": _now_iso(), "label": None})
         old_tree = r.trees.get(pr["head"]["sha"])
         if old_tree is not None or files:
             self.add_tree(repo, new_sha, {**(old_tree or {}), **(files or {})})
@@ -582,8 +594,18 @@ class GitHubEmulator:
     def _event_json(self, r: Repo, number: int, ev: dict[str, Any]) -> dict[str, Any]:
         return {"id": ev["id"], "node_id": f"LE_{ev['id']}", "url": f"{self.base_url}/repos/{r.full_name}/issues/events/{ev['id']}",
                 "actor": self._user_json(ev["actor"]), "event": ev["event"], "commit_id": None, "commit_url": None,
-                "created_at": ev["created_at"], "label": {"name": ev["label"], "color": "ededed"},
+                "created_at": ev["created_at"],
+                **({"label": {"name": ev["label"], "color": "ededed"}} if ev.get("label") else {}),
                 "performed_via_github_app": None}
+
+    def _commit_json(self, r: Repo, c: dict[str, Any]) -> dict[str, Any]:
+        b = self.base_url
+        person = {"name": c["author"], "email": f"{c['author']}@users.noreply.github.com", "date": c["date"]}
+        return {"sha": c["sha"], "node_id": f"C_{c['sha'][:12]}", "url": f"{b}/repos/{r.full_name}/commits/{c['sha']}",
+                "html_url": f"{b}/{r.full_name}/commit/{c['sha']}", "comments_url": f"{b}/repos/{r.full_name}/commits/{c['sha']}/comments",
+                "commit": {"author": person, "committer": {**person, "name": c["committer"]}, "message": "a commit",
+                           "url": f"{b}/repos/{r.full_name}/git/commits/{c['sha']}", "comment_count": 0},
+                "author": self._user_json(c["author"]), "committer": self._user_json(c["committer"]), "parents": []}
 
     # ------------------------------------------------------------------ mutations
 
@@ -667,6 +689,13 @@ def _r_pull_reviews(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: st
     r, _ = _pull(em, owner, repo, n)
     items, headers = em._paginate(f"/repos/{owner}/{repo}/pulls/{n}/reviews", q,
                                   [em._review_json(r, int(n), rv) for rv in r.reviews[int(n)]])
+    return 200, items, headers
+
+
+def _r_pull_commits(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: str, n: str) -> tuple[int, Any, dict]:
+    r, _ = _pull(em, owner, repo, n)
+    items, headers = em._paginate(f"/repos/{owner}/{repo}/pulls/{n}/commits", q,
+                                  [em._commit_json(r, c) for c in r.commits.get(int(n), [])])
     return 200, items, headers
 
 
@@ -871,6 +900,7 @@ _ROUTES = [
     (_O + r"/pulls/(?P<n>\d+)", "GET", _r_pull),
     (_O + r"/pulls/(?P<n>\d+)/files", "GET", _r_pull_files),
     (_O + r"/pulls/(?P<n>\d+)/reviews", "GET", _r_pull_reviews),
+    (_O + r"/pulls/(?P<n>\d+)/commits", "GET", _r_pull_commits),
     (_O + r"/issues/(?P<n>\d+)", "GET", _r_issue),
     (_O + r"/issues/(?P<n>\d+)/comments", "GET", _r_list_comments),
     (_O + r"/issues/(?P<n>\d+)/comments", "POST", _r_create_comment),

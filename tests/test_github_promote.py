@@ -22,6 +22,7 @@ from pipelines.github.promote import (
     TrainingRecord,
     check_gates,
     counted_approvals,
+    outstanding_change_requests,
     override_actor,
     promote_merged,
 )
@@ -251,3 +252,45 @@ def test_unmerged_close_does_nothing(gh: GitHubEmulator) -> None:
     assert promote_merged(closed, PyGithubHost(emulator_config(gh)), Unused(), Unused(), model_name="lm",
                           bot_login=None) == []
     assert gh.requests_made() == []
+
+
+# --------------------------------------------------------------------------- reviews as GitHub counts them (issue 19 item 4)
+
+
+@pytest.mark.unit
+def test_a_dismissed_change_request_does_not_revive_an_older_approval() -> None:
+    reviews = [
+        review("erin", "APPROVED", at="2026-11-29T09:00:00", rid=1),
+        # erin then requested changes and a maintainer dismissed that review: GitHub shows
+        # erin's latest state as DISMISSED and counts nothing from erin.
+        review("erin", "DISMISSED", at="2026-11-29T10:00:00", rid=2),
+    ]
+    assert counted_approvals(reviews, head_sha=SHA_A, author="dana", permissions=WRITERS) == ()
+    assert outstanding_change_requests(reviews, author="dana", permissions=WRITERS) == ()
+    again = [*reviews, review("erin", "APPROVED", at="2026-11-29T11:00:00", rid=3)]
+    assert counted_approvals(again, head_sha=SHA_A, author="dana", permissions=WRITERS) == ("erin",)
+
+
+@pytest.mark.unit
+def test_whoever_pushed_the_head_cannot_approve_it() -> None:
+    reviews = [review("erin", "APPROVED"), review("mia", "APPROVED")]
+    assert counted_approvals(reviews, head_sha=SHA_A, author="dana", permissions=WRITERS,
+                             pushers=("erin",)) == ("mia",)
+
+
+@pytest.mark.integration
+def test_a_writer_who_pushed_to_someone_elses_pr_cannot_approve_it(gh: GitHubEmulator, tracking: str,
+                                                                   tmp_path: Path) -> None:
+    """erin pushes the last commit to dana's PR, then approves it: through the API (PR commits,
+    force-push events) promotion sees that erin pushed the head; erin's approval is not counted."""
+    n = emulated_repo(gh, files=("experiments/pushed-exp.yaml",), head_sha=SHA_B)
+    gh.push(REPO, n, SHA_A, pusher="erin", force=True)
+    train_run(tracking, tmp_path, SHA_A, "supported", exp_name="pushed-exp", pr=n)
+    gh.add_review(REPO, n, user="erin", state="APPROVED")
+    gh.merge(REPO, n, merged_by="mia")
+    assert PyGithubHost(emulator_config(gh)).head_pushers(n) == ("erin",)
+    (outcome,) = run_promotion(gh, tracking, n, "lm-pushed")
+    assert outcome.promotion is None and "0 approving review(s)" in " ".join(outcome.gate.reasons)
+    gh.add_review(REPO, n, user="mia", state="APPROVED")
+    (outcome,) = run_promotion(gh, tracking, n, "lm-pushed")
+    assert outcome.promotion is not None and outcome.gate.approvals == ("mia",)

@@ -124,6 +124,8 @@ class ReviewHost(Protocol):
 
     def label_events(self, number: int) -> list[LabelEvent]: ...
 
+    def head_pushers(self, number: int) -> tuple[str, ...]: ...
+
 
 class RepoContentHost(Protocol):
     """Commits and files as data (never checked out): promotion and the /train re-validation."""
@@ -440,6 +442,26 @@ class PyGithubHost:
             return out
 
         return self._do(f"list label events of #{number}", call)
+
+    def head_pushers(self, number: int) -> tuple[str, ...]:
+        """Who may have pushed the PR's head: the last commit's author and committer (GitHub
+        users) and the actor of the latest `head_ref_force_pushed` event. Their approvals do
+        not count (branch protection's "approval of the most recent reviewable push")."""
+
+        def call() -> tuple[str, ...]:
+            pull = self.repo.get_pull(number)
+            commits = list(pull.get_commits())
+            logins: set[str] = set()
+            if commits:
+                last = commits[-1]
+                logins |= {u.login for u in (last.author, last.committer) if u is not None and u.login}
+            forced = [ev for ev in self._issue_lazy(number).get_events()
+                      if ev.event == "head_ref_force_pushed" and ev.actor is not None]
+            if forced:
+                logins.add(forced[-1].actor.login)
+            return tuple(sorted(logins))
+
+        return self._do(f"list the head pushers of #{number}", call)
 
     # RepoContentHost --------------------------------------------------------
 

@@ -8,9 +8,11 @@ For each experiment a merged PR adds or changes, the model is promoted only when
    the author applied the override label (`promote-override`), as the PR's label events
    show (who applied it is asked of the API, not assumed);
 3. at least `required_approvals` approving reviews were submitted *on that SHA* by users
-   with write access who are not the author, and no such user's review still requests
-   changes. Each reviewer's latest review that carries a decision counts (APPROVED or
-   CHANGES_REQUESTED: plain comments change nothing, dismissed reviews are ignored);
+   with write access who are neither the author nor a pusher of the head commit (its
+   author or committer, or whoever force-pushed it last), and no such user's review still
+   requests changes. Each reviewer's latest review that carries a decision counts, as
+   GitHub counts it (APPROVED, CHANGES_REQUESTED or DISMISSED: plain comments change
+   nothing; after a dismissal nothing from that reviewer counts);
 4. the run was *attested* for this PR: the trusted `attest` job of the train workflow
    (default-branch code, an MLflow credential the training job never sees) wrote an
    attestation into the provenance experiment, which the trainer credential cannot write
@@ -90,13 +92,13 @@ class GateResult:
 
 
 def latest_reviews(reviews: Iterable[Review]) -> dict[str, Review]:
-    """Each reviewer's latest review that carries a decision: APPROVED or CHANGES_REQUESTED.
-
-    Comments change nothing; a dismissed review (state DISMISSED) is ignored, so a dismissed
-    approval no longer counts and a dismissed change request no longer blocks."""
+    """Each reviewer's latest review that carries a decision, as GitHub counts them: APPROVED,
+    CHANGES_REQUESTED or DISMISSED. Comments (and pending reviews) change nothing. A dismissed
+    review is that reviewer's latest state: nothing counts from them (it neither approves nor
+    blocks), and an older approval of theirs does not come back."""
     latest: dict[str, Review] = {}
     for r in sorted(reviews, key=lambda r: (r.submitted_at, r.id)):
-        if r.state in ("APPROVED", "CHANGES_REQUESTED"):
+        if r.state in ("APPROVED", "CHANGES_REQUESTED", "DISMISSED"):
             latest[r.user] = r
     return latest
 
@@ -114,12 +116,15 @@ def outstanding_change_requests(
 
 
 def counted_approvals(
-    reviews: Iterable[Review], *, head_sha: str, author: str, permissions: Mapping[str, str]
+    reviews: Iterable[Review], *, head_sha: str, author: str, permissions: Mapping[str, str],
+    pushers: Iterable[str] = (),
 ) -> tuple[str, ...]:
-    """Logins whose latest decision is an approval of `head_sha`, with write access, not the author."""
+    """Logins whose latest decision is an approval of `head_sha`, with write access, neither the
+    author nor someone who pushed the head (whoever pushed the last commit cannot approve it)."""
+    excluded = {author, *pushers}
     return tuple(sorted(
         user for user, r in latest_reviews(reviews).items()
-        if r.state == "APPROVED" and r.commit_id == head_sha and user != author
+        if r.state == "APPROVED" and r.commit_id == head_sha and user not in excluded
         and permissions.get(user, "none") in WRITE_ROLES
     ))
 
@@ -348,7 +353,8 @@ def promote_pull(
     events = host.label_events(number)
     people = {r.user for r in reviews} | {e.actor for e in events if e.label == override_label}
     permissions = {login: host.permission(login) for login in sorted(people) if login}
-    approvals = counted_approvals(reviews, head_sha=pr.head_sha, author=pr.author, permissions=permissions)
+    approvals = counted_approvals(reviews, head_sha=pr.head_sha, author=pr.author, permissions=permissions,
+                                  pushers=host.head_pushers(number))
     blocking = outstanding_change_requests(reviews, author=pr.author, permissions=permissions)
     override_by = override_actor(events, label=override_label, author=pr.author, permissions=permissions,
                                  current_labels=pr.labels)
