@@ -197,6 +197,9 @@ class DataSpec(Section):
     """Input bytes per preparation task (a file, or a byte range of a JSON Lines file). Tasks are
     decided by the input and this alone, never by the number of workers; each writes its own token
     shards, so it is part of the data version."""
+    near_dedup: bool = False
+    """Also drop near duplicates: MinHash LSH over word 5-grams (16 bands of 8 rows, so pairs with a
+    Jaccard similarity above about 0.7 are found), across all shards; the first in file order stays."""
 
     @model_validator(mode="after")
     def _unique_sources(self) -> DataSpec:
