@@ -69,17 +69,18 @@ class LlamaFamily(HFCausalLM):
         return self.num_layers * per_layer + self.vocab_size * self.hidden_size  # the head (tied or not)
 
     def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: int) -> int:
-        """Saved tensors of one block, counted from the HF Llama forward (bench/bench_architectures.py
-        measures them): two RMSNorms (input + normalised, 2 x s*b*h each, fp32 upcast), q and k
-        before and after rotary (2 x each), the attention's q/k/v as the kernel sees them (k and v
-        repeated to all heads), its output and the o_proj input (2 x s*b*h), the SwiGLU MLP
-        (gate, silu(gate), up, product: 4 x s*b*ffn), plus the softmax output when `eager` keeps
-        it (heads x s^2 x b)."""
+        """Saved tensors of one block, per token (fitted term by term to the tensors the HF Llama
+        forward saves, bench/bench_architectures.py): the two RMSNorms and the residual stream
+        (4 x hidden), q before and after rotary and as the attention kernel and o_proj see it
+        (4 x q width), k and v (2 x kv width), the SwiGLU MLP (gate, silu(gate), up, product:
+        4 x ffn), rotary cos and sin (2 x head_dim), one softmax statistic per head; plus the
+        softmax output when `eager` keeps it (heads x seq_len)."""
         s, b, h, f = seq_len, micro_batch, self.hidden_size, self.ffn_size
         q, kv = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
-        elems = 4 * s * b * h + 2 * s * b * (q + kv) + s * b * 3 * q + 2 * s * b * q + 4 * s * b * f
-        scores = self.num_heads * s * s * b if self.attn_implementation == "eager" else 0
-        return (elems + scores) * element_bytes
+        per_token = 4 * h + 4 * q + 2 * kv + 4 * f + 2 * self.head_dim + self.num_heads
+        if self.attn_implementation == "eager":
+            per_token += self.num_heads * s
+        return per_token * s * b * element_bytes
 
     def smoke_overrides(self, vocab_size: int, seq_len: int) -> dict[str, Any]:
         kv = 2 if (self.num_kv_heads and self.num_kv_heads < self.num_heads) else 4

@@ -45,15 +45,16 @@ class Config(HFCausalLM):
         return self.num_layers * (4 * h * h + 2 * h * f) + self.vocab_size * h  # positions are a lookup
 
     def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: int) -> int:
-        """Saved tensors of one GPT-2 block: two LayerNorms (input, normalised: 2 x s*b*h each),
-        the fused qkv output (3 x s*b*h) and q/k/v as the kernel sees them (3 x), the attention
-        output and c_proj input (2 x), the MLP (c_fc input, then c_fc's output and the pieces of
-        the tanh GELU: s*b*h + 4 x s*b*ffn), plus the softmax output under `eager`
-        (heads x s^2 x b)."""
+        """Saved tensors of one GPT-2 block, per token (fitted term by term to the tensors the HF
+        forward saves, bench/bench_architectures.py): LayerNorms, the fused qkv output and its
+        split, the attention output and c_proj input (8 x hidden), the MLP (c_fc output and the
+        pieces of the tanh GELU: 5 x ffn), two statistics per head; plus the softmax output
+        under `eager` (heads x seq_len)."""
         s, b, h, f = seq_len, micro_batch, self.hidden_size, self.ffn_size
-        elems = 4 * s * b * h + 3 * s * b * h + 3 * s * b * h + 2 * s * b * h + s * b * h + 4 * s * b * f
-        scores = self.num_heads * s * s * b if self.attn_implementation == "eager" else 0
-        return (elems + scores) * element_bytes
+        per_token = 8 * h + 5 * f + 2 * self.num_heads
+        if self.attn_implementation == "eager":
+            per_token += self.num_heads * s
+        return per_token * s * b * element_bytes
 
     def smoke_overrides(self, vocab_size: int, seq_len: int) -> dict[str, Any]:
         return super().smoke_overrides(vocab_size, seq_len) | {"intermediate_size": 128}

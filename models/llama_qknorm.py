@@ -52,12 +52,14 @@ class Config(LlamaFamily):
         return super().block_extra_parameters() + (2 * self.head_dim if self.qk_norm else 0)
 
     def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: int) -> int:
-        """The Llama block's, plus each QK-norm's input and normalised output (2 x q, 2 x kv) and
-        the gate's pre-activation, sigmoid and the gated product's other input (3 x q)."""
-        s, b = seq_len, micro_batch
+        """The Llama block's, plus each QK-norm's input and output (2 x q width, 2 x kv width) and
+        its per-head statistic, plus the gate's sigmoid and the gated product's other input
+        (2 x q width); measured in bench/bench_architectures.py."""
         q, kv = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
-        extra = (2 * s * b * (q + kv) if self.qk_norm else 0) + (3 * s * b * q if self.attn_gate else 0)
-        return super().activation_bytes_per_layer(seq_len, micro_batch, element_bytes) + extra * element_bytes
+        per_token = (2 * q + 2 * kv + self.num_heads + self.kv_heads if self.qk_norm else 0)
+        per_token += 2 * q if self.attn_gate else 0
+        extra = per_token * seq_len * micro_batch * element_bytes
+        return super().activation_bytes_per_layer(seq_len, micro_batch, element_bytes) + extra
 
     def hf_config(self) -> Any:
         config_class, _ = transformers_classes()

@@ -89,7 +89,7 @@ def _auto_spec(gpu_memory_gb: float) -> ExperimentSpec:
 
 
 def test_auto_picks_fsdp_when_the_model_does_not_fit_replicated_and_says_why():
-    # 48.9M params on 2 CPU processes: replicated ~1.9 GiB per process, sharded ~1.4 GiB.
+    # 48.9M params on 2 CPU processes: replicated ~2.0 GiB per process (activations as the architecture counts them), sharded ~1.4 GiB.
     spec = _auto_spec(1.6)
     plan = preflight.make_plan(spec, capability=CPU_FSDP)
     assert (plan.parallel.dp, plan.parallel.fsdp) == (2, True)
@@ -97,7 +97,7 @@ def test_auto_picks_fsdp_when_the_model_does_not_fit_replicated_and_says_why():
     text = preflight.render_plan_text(plan)
     assert "dp=2 tp=1 pp=1 fsdp (auto)" in text
     why = next(line for line in text.splitlines() if line.strip().startswith("why"))
-    assert "first layout that fits 1.6 GiB per device" in why and "dp=2 tp=1 pp=1: 1.9 GiB" in why
+    assert "first layout that fits 1.6 GiB per device" in why and "dp=2 tp=1 pp=1: 2.0 GiB" in why
     assert "largest group unsharded" in text
 
 

@@ -1,4 +1,4 @@
-"""`ModelSpec.parameter_count()` is exact: preflight's memory and FLOPs rest on it.
+"""Each stock architecture's `parameter_count()` is exact: preflight's memory and FLOPs rest on it.
 
 One test builds each supported architecture from config with transformers (random
 init, nothing downloaded) and counts its parameters; everything else in preflight
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from validation.spec import ModelSpec
+from validation.spec import ModelSpec, model_spec
 
 pytestmark = pytest.mark.unit
 
@@ -90,7 +90,7 @@ def _hf_config(spec: ModelSpec):
         hidden_size=spec.hidden_size,
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads or spec.num_heads,
+        num_key_value_heads=spec.kv_heads,
         intermediate_size=spec.ffn_size,
         vocab_size=spec.vocab_size,
         max_position_embeddings=spec.max_position_embeddings,
@@ -102,7 +102,6 @@ def _hf_config(spec: ModelSpec):
 
 def test_parameter_count_matches_transformers_for_every_model_type():
     transformers = pytest.importorskip("transformers")
-    from trainer.model import hf_config as trainer_hf_config
 
     def count(config) -> int:
         # parameters() yields a tied embedding once, as the formula counts it.
@@ -110,9 +109,9 @@ def test_parameter_count_matches_transformers_for_every_model_type():
 
     counted = {}
     for case in CASES:
-        spec = ModelSpec.model_validate(case)
-        # Our own plain config, and the one the trainer really builds (what preflight must describe).
-        counted[str(case)] = (spec.parameter_count(), count(_hf_config(spec)), count(trainer_hf_config(spec)))
+        spec = model_spec(case)
+        # Our own plain config, and the one the architecture file really builds (what preflight must describe).
+        counted[str(case)] = (spec.parameter_count(), count(_hf_config(spec)), count(spec.hf_config()))
     mismatches = {k: v for k, v in counted.items() if len(set(v)) != 1}
     assert not mismatches, f"(formula, transformers, trainer's config) differ: {mismatches}"
     assert {t for t in (c["model_type"] for c in CASES)} == {"llama", "gpt2", "qwen2", "mistral"}

@@ -119,9 +119,9 @@ def tiny_cpu_spec(**train: Any) -> ExperimentSpec:
 
 def test_state_bytes_are_sixteen_per_parameter_for_every_precision():
     # ZeRO §3.1: mixed precision 2 + 2 + (4 master + 4 m + 4 v); fp32: 4 + 4 + (4 m + 4 v).
-    assert dataclasses.astuple(STATE_BYTES["bf16"]) == (2, 2, 12)
+    assert dataclasses.astuple(STATE_BYTES["bf16"]) == (2, 2, 12, "adamw")
     assert STATE_BYTES["fp16"] == STATE_BYTES["bf16"]
-    assert dataclasses.astuple(STATE_BYTES["fp32"]) == (4, 4, 8)
+    assert dataclasses.astuple(STATE_BYTES["fp32"]) == (4, 4, 8, "adamw")
     assert {name: sb.total for name, sb in STATE_BYTES.items()} == {"bf16": 16, "fp16": 16, "fp32": 16}
 
 
@@ -145,14 +145,17 @@ def test_tiny_cpu_memory_by_hand():
         params * 4,
         params * 8,
     )
-    # sdpa: no stored scores; fp32 doubles; 2 layers; one micro-batch in flight (pp=1).
-    assert memory.activations_bytes == 2 * (2 * 34 * 128 * 8 * 64) == 8_912_896
+    # The architecture's saved tensors per token (models/_llama_family.py, measured in
+    # bench/bench_architectures.py): 4h + 4q + 2kv + 4ffn + 2 head_dim + heads elements, fp32,
+    # 2 layers, one micro-batch in flight (pp=1).
+    per_token = 4 * 64 + 4 * 64 + 2 * 64 + 4 * 192 + 2 * 16 + 4
+    assert memory.activations_bytes == 2 * per_token * 128 * 8 * 4 == 11_829_248
     assert memory.logits_bytes == 128 * 8 * 256 * 8  # seq x micro x vocab x 8 bytes
     assert memory.overhead_bytes == FRAMEWORK_OVERHEAD_BYTES_CPU == GIB // 2
     # DDP (dp=2): its gradient buckets are one more fp32 gradient per parameter.
     assert memory.wrapper_bytes == params * 4
-    total = 123_200 * 20 + 8_912_896 + 2_097_152 + 536_870_912
-    assert memory.total_bytes == total == 550_344_960
+    total = 123_200 * 20 + 11_829_248 + 2_097_152 + 536_870_912
+    assert memory.total_bytes == total == 553_261_312
     assert memory.capacity_bytes == 16 * GIB
     assert memory.fits
     assert memory.headroom_pct == pytest.approx(100 * (16 * GIB - total) / (16 * GIB))
@@ -165,7 +168,10 @@ def test_eager_attention_stores_the_score_matrices():
         train={"micro_batch_size": 8, "precision": "bf16"},
     )
     memory = estimate_memory(spec, ParallelLayout(dp=1))
-    assert memory.activations_bytes == 2 * (128 * 8 * 64 * (34 + 5 * 4 * 128 // 64))
+    # eager keeps the softmax output: heads x seq_len more elements per token, bf16 (2 bytes).
+    sdpa = make_spec(TINY_LLAMA, data={"seq_len": 128}, train={"micro_batch_size": 8, "precision": "bf16"})
+    without = estimate_memory(sdpa, ParallelLayout(dp=1)).activations_bytes
+    assert memory.activations_bytes - without == 2 * (4 * 128) * 128 * 8 * 2
 
 
 def test_seven_b_on_eight_h100_needs_fsdp():
@@ -187,15 +193,16 @@ def test_seven_b_on_eight_h100_needs_fsdp():
     shard = 6_738_415_616 // 8  # = 842,301,952 exactly
     assert m.parameters_per_device == shard
     assert (m.weights_bytes, m.gradients_bytes, m.optimizer_bytes) == (shard * 2, shard * 2, shard * 12)
-    assert m.activations_bytes == 32 * 34 * 4096 * 1 * 4096
+    per_layer = spec.model.activation_bytes_per_layer(4096, 1, 2)
+    assert m.activations_bytes == 32 * per_layer
     assert m.logits_bytes == 4096 * 1 * 32000 * 8
     assert m.overhead_bytes == FRAMEWORK_OVERHEAD_BYTES_GPU
     # FSDP's working set: the largest group (a decoder layer, 202M params) unsharded with its
     # gradients (2 + 2 bytes), plus the next layer's bf16 weights prefetched.
-    layer = (6_738_415_616 - 2 * 32000 * 4096) // 32
+    layer = spec.model.block_parameters() // 32  # (6,738,415,616 - 2 x 32000 x 4096 - 4096 final norm) / 32
     assert m.wrapper_bytes == layer * 4 + layer * 2
-    assert m.total_bytes == shard * 16 + layer * 6 + 32 * 34 * 4096 * 4096 + 4096 * 32000 * 8 + GIB
-    assert m.fits and 55 < m.headroom_pct < 65
+    assert m.total_bytes == shard * 16 + layer * 6 + 32 * per_layer + 4096 * 32000 * 8 + GIB
+    assert m.fits and 50 < m.headroom_pct < 65
 
 
 def test_seventy_b_needs_tensor_and_pipeline_parallelism():
@@ -219,15 +226,17 @@ def test_seventy_b_needs_tensor_and_pipeline_parallelism():
         resource={**H100_NODE, "nodes": 4},
     )
     plan = plan_parallel(four)
-    # Full sharding alone leaves 128 GiB per GPU; tp=8 (a whole node) with 4 pipeline stages fits.
-    assert (plan.dp, plan.tp, plan.pp, plan.fsdp) == (1, 8, 4, False)
+    # Full sharding alone does not fit; the first layout that does splits layers over 8
+    # pipeline stages and heads over tp=2, with FSDP over the remaining dp=2.
+    assert (plan.dp, plan.tp, plan.pp, plan.fsdp) == (2, 2, 8, True)
     assert plan.rejected[1].startswith("dp=32 tp=1 pp=1 fsdp:")
-    # 20 layers per stage x (10 + 24/8) x s*b*h bytes x 4 micro-batches in flight (1F1B).
-    assert plan.memory.activations_bytes == 20 * (10 + 24 // 8) * 4096 * 8192 * 4
-    assert plan.memory.sharding_degree == 32
+    # 10 layers per stage x (5 replicated elements + the rest / tp) x 4 micro-batches (1F1B).
+    full = four.model.activation_bytes_per_layer(4096, 1, 2)
+    unsplit = 5 * 2 * 4096 * 8192
+    assert plan.memory.activations_bytes == 10 * (unsplit + -(-(full - unsplit) // 2)) * 4
     fsdp_only = estimate_memory(four, ParallelLayout(dp=32, fsdp=True))
     assert not fsdp_only.fits
-    assert plan.layout() == ParallelLayout(dp=1, tp=8, pp=4, fsdp=False)
+    assert plan.layout() == ParallelLayout(dp=2, tp=2, pp=8, fsdp=True)
 
 def test_pipeline_stages_when_heads_forbid_tensor_parallelism():
     # One KV head (multi-query attention): tp must divide it, so only pp can split activations.
@@ -238,7 +247,8 @@ def test_pipeline_stages_when_heads_forbid_tensor_parallelism():
     )
     plan = plan_parallel(spec)
     assert (plan.dp, plan.tp, plan.pp, plan.fsdp) == (4, 1, 2, True)
-    assert plan.memory.activations_bytes == (32 // 2) * 34 * 16384 * 4096  # 16 layers, 1 in flight
+    per_layer = spec.model.activation_bytes_per_layer(16384, 1, 2)
+    assert plan.memory.activations_bytes == (32 // 2) * per_layer  # 16 layers, 1 in flight
 
     # With 2 micro-batches per step a 1F1B first stage holds 2 in flight, so pp=2 no
     # longer halves activations and the planner needs pp=4.
@@ -247,7 +257,7 @@ def test_pipeline_stages_when_heads_forbid_tensor_parallelism():
     )
     plan2 = plan_parallel(spec2)
     assert (plan2.tp, plan2.pp) == (1, 4)
-    assert plan2.memory.activations_bytes == (32 // 4) * 34 * 16384 * 4096 * 2
+    assert plan2.memory.activations_bytes == (32 // 4) * per_layer * 2
 
 
 # --------------------------------------------------------------------------- errors
@@ -300,11 +310,11 @@ def test_suggests_the_largest_micro_batch_that_fits():
         train={"micro_batch_size": 64, "precision": "fp32"},
         resource={"gpu_memory_gb": 1},
     )
-    # Per row: 2 layers x fp32 x 34*s*h activations + s*vocab*8 logits; 0.5 GiB overhead;
-    # the states (123,200 x 16 bytes) also have to fit.
-    per_row = 2 * 2 * 34 * 8192 * 64 + 8192 * 256 * 8
+    # Per row: 2 layers x the architecture's fp32 activations + s*vocab*8 logits; 0.5 GiB
+    # overhead; the states (123,200 x 16 bytes) also have to fit.
+    per_row = 2 * spec.model.activation_bytes_per_layer(8192, 1, 4) + 8192 * 256 * 8
     largest = (GIB - GIB // 2 - 123_200 * 16) // per_row
-    assert largest == 6
+    assert largest == 4
     with pytest.raises(SpecError) as info:
         plan_parallel(spec)
     assert f"train.micro_batch_size <= {largest} " in info.value.issues[0].message
@@ -358,13 +368,16 @@ def test_the_capability_limits_the_search_and_the_explicit_layouts():
     assert "set pp: 1 with dp = the world size, or parallel: auto" in issue.message
 
 
-def test_gpt2_tp_divisibility_agrees_with_validate():
-    # Regression: preflight accepted gpt2 num_kv_heads 2 with tp 4, the rules refused it.
-    gpt2 = {"model_type": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 8, "num_kv_heads": 2,
-            "vocab_size": 256}
+def test_tp_divisibility_agrees_with_validate():
+    # Regression: preflight and the rules once disagreed on gpt2's kv heads; both now ask the
+    # architecture (`tp_problem`), and gpt2 (fused qkv) declares no tensor-parallel plan.
+    gpt2 = {"model_type": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 8, "vocab_size": 256}
     spec = make_spec(gpt2, resource={"gpus_per_node": 4, "gpu_type": "a100"}, parallel={"dp": 1, "tp": 4})
-    assert plan_parallel(spec).tp == 4
-    llama = make_spec({**gpt2, "model_type": "llama"}, resource={"gpus_per_node": 4, "gpu_type": "a100"},
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec)
+    assert [i.field for i in info.value.issues] == ["parallel.tp"]
+    assert "declares no tensor-parallel plan" in info.value.issues[0].message
+    llama = make_spec({**gpt2, "model_type": "llama", "num_kv_heads": 2}, resource={"gpus_per_node": 4, "gpu_type": "a100"},
                       parallel={"dp": 1, "tp": 4})
     with pytest.raises(SpecError) as info:
         plan_parallel(llama)
@@ -379,8 +392,9 @@ def test_explicit_layout_is_verified_and_estimated():
     assert plan.chosen_by == "explicit"
     assert (plan.dp, plan.tp, plan.pp, plan.fsdp, plan.world_size) == (2, 2, 2, False, 8)
     assert plan.memory.sharding_degree == 4
-    # tp splits the decoder layers only (as trainer/parallel.py does); the tied embedding is whole.
-    embedding = 256 * 64
+    # tp splits the decoder layers only (as trainer/parallel.py does); the tied embedding and the
+    # final norm are whole.
+    embedding = 256 * 64 + 64
     assert plan.memory.parameters_per_device == ((123_200 - embedding) // 2 + embedding) // 2
 
 
@@ -421,12 +435,13 @@ def auto_specs(draw: st.DrawFn) -> ExperimentSpec:
     heads = draw(st.sampled_from(DIVISIBLE_HEADS))
     kv = draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0]))
     head_dim = draw(st.sampled_from([16, 64, 128]))
+    model_type = draw(st.sampled_from(["llama", "qwen2", "gpt2"]))
     model = {
-        "model_type": draw(st.sampled_from(["llama", "qwen2", "gpt2"])),
+        "model_type": model_type,
         "hidden_size": heads * head_dim,
         "num_layers": draw(st.integers(1, 96)),
         "num_heads": heads,
-        "num_kv_heads": kv,
+        **({} if model_type == "gpt2" else {"num_kv_heads": kv}),
         "vocab_size": draw(st.sampled_from([256, 32000, 128256])),
         "max_position_embeddings": 8192,
     }
@@ -458,7 +473,8 @@ def test_auto_plans_always_honour_divisibility(spec: ExperimentSpec):
         assert "no parallel layout fits" in error.issues[0].message
         return
     model, resource = spec.model, spec.resource
-    kv = model.num_heads if model.model_type == "gpt2" else (model.num_kv_heads or model.num_heads)
+    kv = model.kv_heads
+    assert plan.tp == 1 or model.tensor_parallel_plan()  # gpt2 declares no TP plan
     assert plan.dp * plan.tp * plan.pp == resource.world_size == plan.world_size
     assert model.num_heads % plan.tp == 0 and kv % plan.tp == 0
     assert model.num_layers % plan.pp == 0
@@ -480,11 +496,12 @@ def test_tiny_cpu_compute_by_hand():
     compute = estimate_compute(spec, ParallelLayout(dp=2))
     tokens = 100 * (8 * 2 * 2) * 128  # steps x (micro x accum x dp) x seq_len
     assert (compute.steps, compute.global_batch, compute.tokens) == (100, 32, tokens)
-    assert compute.model_flops == 6 * 123_200 * tokens
+    matmul = 123_200 - (2 * 2 * 64 + 64)  # norm weights are not matmuls (models/_llama_family.py)
+    assert compute.model_flops == 6 * matmul * tokens
     assert compute.attention_flops == 12 * 2 * 64 * 128 * tokens
     # A CPU process is estimated at one thread's peak (validation.flops: 0.16 TFLOPS per thread).
     assert (compute.peak_tflops_per_device, compute.peak_source) == (0.16, "cpu:per-thread")
-    expected_wall = (6 * 123_200 + 12 * 2 * 64 * 128) * tokens / (2 * 0.16e12 * 0.35)
+    expected_wall = (6 * matmul + 12 * 2 * 64 * 128) * tokens / (2 * 0.16e12 * 0.35)
     assert compute.wall_seconds == pytest.approx(expected_wall)
     assert compute.gpu_hours == 0.0 and compute.device_hours == pytest.approx(expected_wall * 2 / 3600)
     assert compute.fits_time_limit

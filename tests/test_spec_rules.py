@@ -199,12 +199,15 @@ def test_the_capability_refuses_what_the_trainer_cannot_run_and_says_what_to_cha
 
 
 @pytest.mark.unit
-def test_gpt2_ignores_num_kv_heads_so_tp_divisibility_reads_its_heads():
-    # Regression: `rules` rejected gpt2 with num_kv_heads: 2 and tp: 4 while preflight accepted it
-    # (gpt2 has no grouped-query attention; the built model has num_heads key/value heads).
-    gpt2 = {**GPUS, "model.model_type": "gpt2", "model.num_heads": 8, "model.hidden_size": 64,
-            "model.num_kv_heads": 2, "parallel": {"dp": 1, "tp": 4}}
+def test_tp_divisibility_is_the_architectures_own():
+    # The architecture file answers (models/<model_type>.py, `tp_problem`): gpt2 (fused qkv) has no
+    # tensor-parallel plan and no num_kv_heads field at all; llama's kv heads must divide tp.
+    base_model = {k: v for k, v in BASE["model"].items() if k not in ("num_kv_heads", "intermediate_size")}
+    gpt2 = {**GPUS, "model": {**base_model, "model_type": "gpt2", "num_heads": 8, "hidden_size": 64},
+            "parallel": {"dp": 1, "tp": 4}}
     assert spec_with(gpt2).model.kv_heads == 8
-    assert violations(gpt2) == []
-    llama = {**gpt2, "model.model_type": "llama"}
+    (found,) = violations(gpt2)
+    assert found[0] == "parallel.tp" and "declares no tensor-parallel plan" in found[1]
+    llama = {**GPUS, "model.num_heads": 8, "model.hidden_size": 64, "model.num_kv_heads": 2,
+             "parallel": {"dp": 1, "tp": 4}}
     assert violations(llama) == [("parallel.tp", "tp=4 must divide model.num_kv_heads (2)")]

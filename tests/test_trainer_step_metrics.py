@@ -97,9 +97,12 @@ def test_build_optimizer_uses_the_fused_kernel_on_cpu():
 
     from trainer.optim import build_optimizer, implementation
 
-    train = SimpleNamespace(lr=1e-3, beta1=0.9, beta2=0.95, weight_decay=0.1)
-    opt = build_optimizer(torch.nn.Linear(4, 4), train)
-    assert implementation(opt) == "fused"
+    from validation.spec import OPTIMIZERS, model_spec
+
+    train = SimpleNamespace(lr=1e-3, weight_decay=0.1, optimizer=OPTIMIZERS["adamw"]())
+    arch = model_spec({"model_type": "llama", "hidden_size": 64, "num_layers": 1, "num_heads": 4, "vocab_size": 256})
+    opt = build_optimizer(torch.nn.Linear(4, 4), train, arch)
+    assert implementation(opt, train) == "adamw (fused)"
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
 
 

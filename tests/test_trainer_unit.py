@@ -14,7 +14,7 @@ from trainer.model import bits_per_byte, flops_per_token
 from trainer.monitor import AnomalyDetector, track_best
 from trainer.optim import lr_factor
 from trainer.tracking import JsonlMetrics, filter_new_points, read_jsonl_tolerant
-from validation.spec import AlertsSpec, ModelSpec
+from validation.spec import AlertsSpec, model_spec
 
 
 @pytest.mark.unit
@@ -159,9 +159,10 @@ def test_metrics_jsonl_survives_a_partial_last_line_and_drops_repeats(tmp_path: 
 
 @pytest.mark.unit
 def test_flops_and_bits_per_byte() -> None:
-    m = ModelSpec(model_type="llama", hidden_size=64, num_layers=2, num_heads=4, vocab_size=256)
+    m = model_spec({"model_type": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 256})
     n = m.parameter_count()
-    assert flops_per_token(m, 128, n) == 6 * n + 12 * 2 * 64 * 128
+    norms = 2 * 2 * 64 + 64  # two RMSNorms per layer and the final one: not matmuls
+    assert flops_per_token(m, 128) == 6 * (n - norms) + 12 * 2 * 64 * 128
     assert bits_per_byte(math.log(2) * 4.0, 4.0) == pytest.approx(1.0)
     assert math.isnan(bits_per_byte(float("inf"), 4.0))
 

@@ -40,10 +40,14 @@ class ExecutionCapability:
     """Axes usable on CPU processes (gloo)."""
 
     def model_refusals(self, layout: ParallelLayout, model: Architecture) -> list[tuple[Axis, str]]:
-        """(axis, what to change) when `layout` needs something the architecture lacks: the
-        architecture file says which tensor-parallel degrees split it (`tp_problem`)."""
-        problem = model.tp_problem(layout.tp) if layout.tp > 1 else None
-        return [("tp", problem)] if problem else []
+        """(axis, what to change) when `layout` needs something the architecture lacks: a
+        tensor-parallel plan (its file declares one, or not). How a degree divides the model is
+        `validation.rules.parallel_divides_model`'s (it asks the architecture too)."""
+        if layout.tp > 1 and not model.tensor_parallel_plan():
+            problem = model.tp_problem(layout.tp)
+            assert problem is not None
+            return [("tp", problem)]
+        return []
 
     def axes(self, on_gpu: bool) -> frozenset[Axis]:
         return self.gpu if on_gpu else self.cpu

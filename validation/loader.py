@@ -40,7 +40,7 @@ from validation.paths import (
     experiment_names,
     find_repo_root,
 )
-from validation.spec import CHAMPION, ExperimentSpec
+from validation.spec import ARCHITECTURES, CHAMPION, OPTIMIZERS, ExperimentSpec
 
 MAX_FILE_BYTES = 256 * 1024
 """An experiment is a few hundred lines; anything bigger is a mistake or an attack."""
@@ -188,13 +188,30 @@ def dotted(path: PathKey) -> str:
 
 
 def deep_merge(base: Any, override: Any) -> Any:
-    """Mappings merge key by key; anything else (lists, scalars, null) in `override` replaces."""
+    """Mappings merge key by key; anything else (lists, scalars, null) in `override` replaces.
+
+    A plug-in section (`model`, `train.optimizer`) whose discriminator the override changes
+    (`model_type: nanogpt` over a llama base) keeps only the inherited keys the new plug-in
+    declares: the base's `num_kv_heads` is not an error of the file that switched to an
+    architecture without it. Keys the override itself sets are always checked."""
     if isinstance(base, dict) and isinstance(override, dict):
         merged = dict(base)
+        for key in ("model_type", "name"):
+            if key in override and key in base and override[key] != base[key]:
+                known = _plugin_fields(key, override[key])
+                if known is not None:
+                    merged = {k: v for k, v in base.items() if k in known}
         for key, value in override.items():
-            merged[key] = deep_merge(base[key], value) if key in base else value
+            merged[key] = deep_merge(merged[key], value) if key in merged else value
         return merged
     return override
+
+
+def _plugin_fields(key: str, value: Any) -> set[str] | None:
+    """Field names of the architecture (`model_type`) or optimizer (`name`) called `value`."""
+    table: dict[str, Any] = ARCHITECTURES if key == "model_type" else OPTIMIZERS
+    config = table.get(value) if isinstance(value, str) else None
+    return set(config.model_fields) if config is not None else None
 
 
 # --------------------------------------------------------------------------- YAML parsing
@@ -706,7 +723,7 @@ class _SpecLoader:
             (*path[:-1], match)
             for path, errors in grouped.items()
             if errors[0][0]["type"] == "extra_forbidden"
-            for match in difflib.get_close_matches(str(path[-1]), _field_names(path[:-1]), n=1, cutoff=0.6)
+            for match in difflib.get_close_matches(str(path[-1]), _field_names(path[:-1], doc.data), n=1, cutoff=0.6)
         }
         for path, errors in grouped.items():
             if path in suggested and all(e["type"] == "missing" for e, _ in errors):
@@ -717,6 +734,20 @@ class _SpecLoader:
                 continue
             for error, _ in errors:
                 self.map_one_error(doc, path, error)
+
+    def map_tag_error(self, doc: _Doc, path: PathKey, error: ErrorDetails) -> None:
+        """An unknown (or absent) plug-in name: point at the key that names it and list the
+        files that exist (an architecture is models/<name>.py, an optimizer
+        models/optimizers/<name>.py)."""
+        ctx = error.get("ctx") or {}
+        key = "name" if path and path[-1] == "optimizer" else "model_type"
+        where = "models/optimizers" if key == "name" else "models"
+        known = ", ".join(sorted(ARCHITECTURES if key == "model_type" else OPTIMIZERS))
+        if error["type"] == "union_tag_not_found":
+            self.add_at(doc, path, f"required field '{key}' is missing (one of: {known})", field_path=(*path, key))
+            return
+        value = ctx.get("tag") or _get(doc.data, (*path, key))
+        self.add_at(doc, (*path, key), f"unknown {key} '{value!s}': no {where}/{value}.py; one of: {known}")
 
     @staticmethod
     def poisoned(doc: _Doc, path: PathKey) -> bool:
@@ -729,9 +760,12 @@ class _SpecLoader:
             self.add_at(doc, path[:-1], f"required field '{path[-1]}' is missing{hint}", field_path=path)
             return
         if kind == "extra_forbidden":
-            allowed = _field_names(path[:-1])
+            allowed = _field_names(path[:-1], doc.data)
             hint = _did_you_mean(str(path[-1]), allowed)
             self.add_at(doc, path, f"unknown key '{path[-1]}'{hint}", at_key=True)
+            return
+        if kind in ("union_tag_invalid", "union_tag_not_found"):
+            self.map_tag_error(doc, path, error)
             return
         message = _plain_message(error)
         value = _get(doc.data, path)
@@ -882,18 +916,46 @@ def _got(error: ErrorDetails) -> str:
     return f", got {_short(value)}"
 
 
-def _model_at(path: PathKey) -> type[BaseModel] | None:
+def _model_at(path: PathKey, data: Any = None) -> type[BaseModel] | None:
+    """The section model at `path`; inside a plug-in union (`model`, `train.optimizer`) the
+    member `data` selects by its discriminator (`model_type`, `name`)."""
     model: type[BaseModel] | None = ExperimentSpec
+    node = data
     for part in path:
         if model is None:
             return None
+        node = node[part] if isinstance(node, (dict, list)) and _has(node, part) else None
         if isinstance(part, int):
             continue
         fields = {(f.alias or name): f for name, f in model.model_fields.items()}
         if part not in fields:
             return None
-        model = _find_model(fields[part].annotation)
+        model = _union_member(fields[part].annotation, node) or _find_model(fields[part].annotation)
     return model
+
+
+def _has(node: Any, part: Any) -> bool:
+    if isinstance(node, dict):
+        return part in node
+    return isinstance(part, int) and 0 <= part < len(node)
+
+
+def _union_member(annotation: Any, node: Any) -> type[BaseModel] | None:
+    """The member of a discriminated union of sections that `node` (a mapping) selects."""
+    if not isinstance(node, dict):
+        return None
+    for arg in _models_in(annotation):
+        for key in ("model_type", "name"):
+            field = arg.model_fields.get(key)
+            if field is not None and node.get(key) in typing.get_args(field.annotation):
+                return arg
+    return None
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
 
 
 def _find_model(annotation: Any) -> type[BaseModel] | None:
@@ -906,8 +968,8 @@ def _find_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _field_names(path: PathKey) -> list[str]:
-    model = _model_at(path)
+def _field_names(path: PathKey, data: Any = None) -> list[str]:
+    model = _model_at(path, data)
     if model is None:
         return []
     return [(f.alias or name) for name, f in model.model_fields.items()]

@@ -12,6 +12,7 @@ import difflib
 import math
 import re
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +154,71 @@ def metrics_exist(spec: ExperimentSpec) -> Iterator[Violation]:
             )
 
 
+def metric_definition(spec: ExperimentSpec, metric: str) -> dict[str, Any]:
+    """What an eval metric's value means besides the model, as far as a spec says it: how the
+    held-out split is cut and packed and, for a per-token `loss`, the tokenizer. (Which text is
+    held out is the data version, known after preparation: the report compares it.)"""
+    out: dict[str, Any] = {"data.seq_len": spec.data.seq_len, "data.eval_fraction": spec.data.eval_fraction,
+                           "data.min_doc_chars": spec.data.min_doc_chars, "train.eval_batches": spec.train.eval_batches}
+    if metric.endswith("/loss"):
+        out["data.tokenizer"] = spec.data.tokenizer.model_dump(mode="json")
+    return out
+
+
+def metric_comparable(spec: ExperimentSpec, baseline: ExperimentSpec) -> Iterator[Violation]:
+    """A hypothesis on an eval metric whose definition differs from the baseline's compares
+    two different numbers: nats per token of two tokenizers, or losses on two held-out sets."""
+    metric = spec.hypothesis.metric
+    if not metric.startswith("eval/"):
+        return
+    mine, theirs = metric_definition(spec, metric), metric_definition(baseline, metric)
+    differing = [k for k in mine if mine[k] != theirs.get(k)]
+    if not differing:
+        return
+    if differing == ["data.tokenizer"]:
+        advice = f"use `{metric.removesuffix('loss')}bpb` (bits per byte do not depend on the tokenizer)"
+    else:
+        held = [k for k in differing if k != "data.tokenizer"]
+        advice = (f"keep the baseline's held-out settings ({', '.join(f'{k} {theirs[k]}' for k in held)})"
+                  + (f" and use `{metric.removesuffix('loss')}bpb`" if "data.tokenizer" in differing else ""))
+    yield Violation(("hypothesis", "metric"),
+                    f"'{metric}' is defined differently here and in baseline '{baseline.name}' "
+                    f"({', '.join(differing)} differ), so the two values are not comparable; {advice}")
+
+
+_COMPARING: ContextVar[bool] = ContextVar("_COMPARING", default=False)
+
+
+def metric_comparable_with_baseline(spec: ExperimentSpec) -> Iterator[Violation]:
+    """`metric_comparable` against the baseline experiment file. The one rule that reads other
+    files: the comparison is only defined between two specs, and rules see no file name, so it
+    applies to a spec that is the working directory repository's `experiments/<name>.yaml`
+    (what `pipeline validate` checks) with its baseline found by the one lookup rule. A file
+    that does not load is reported by its own validation, not here."""
+    from validation.errors import PipelineError
+    from validation.paths import experiment_file, repo_root_from_cwd
+    from validation.spec import CHAMPION
+
+    if _COMPARING.get() or spec.hypothesis.baseline == CHAMPION or not spec.hypothesis.metric.startswith("eval/"):
+        return
+    root = repo_root_from_cwd()
+    own, found = experiment_file(root, spec.name), experiment_file(root, spec.hypothesis.baseline)
+    if own is None or found is None:
+        return
+    token = _COMPARING.set(True)  # the files' own rules do not look further
+    try:
+        from validation.loader import load_spec
+
+        if load_spec(own, repo_root=root) != spec:
+            return  # this spec is not that file (a copy elsewhere, a test)
+        baseline = load_spec(found, repo_root=root)
+    except PipelineError:
+        return
+    finally:
+        _COMPARING.reset(token)
+    yield from metric_comparable(spec, baseline)
+
+
 def tokenizer_fits_model(spec: ExperimentSpec) -> Iterator[Violation]:
     """Token ids must have embedding rows; sequences must have positions."""
     tok = spec.data.tokenizer
@@ -236,7 +302,7 @@ def sweep_parameters_exist(spec: ExperimentSpec) -> Iterator[Violation]:
         combos *= len(values)
         where = ("sweep", "parameters", dotted_path)
         keys = dotted_path.split(".")
-        problem = _leaf_field_problem(keys)
+        problem = _leaf_field_problem(keys, spec)
         if problem:
             yield Violation(where, problem)
             continue
@@ -256,8 +322,9 @@ def sweep_parameters_exist(spec: ExperimentSpec) -> Iterator[Violation]:
         )
 
 
-def _leaf_field_problem(keys: list[str]) -> str | None:
+def _leaf_field_problem(keys: list[str], spec: ExperimentSpec | None = None) -> str | None:
     model: type[BaseModel] = ExperimentSpec
+    node: Any = spec
     for depth, key in enumerate(keys):
         fields = model.model_fields
         if key not in fields:
@@ -265,7 +332,10 @@ def _leaf_field_problem(keys: list[str]) -> str | None:
             hint = f"; did you mean '{close[0]}'?" if close else ""
             return f"'{'.'.join(keys)}' is not a field: no '{key}' in {'.'.join(keys[:depth]) or 'the spec'}{hint}"
         annotation = fields[key].annotation
+        node = getattr(node, key, None)
         sub = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        if sub is None and isinstance(node, BaseModel):  # a plug-in union (model, train.optimizer)
+            sub = type(node)
         last = depth == len(keys) - 1
         if last and sub is not None:
             return f"'{'.'.join(keys)}' is a section; sweep a single field inside it"
@@ -297,4 +367,5 @@ RULES: tuple[Rule, ...] = (
     precision_fits_device,
     launcher_consistent,
     sweep_parameters_exist,
+    metric_comparable_with_baseline,
 )
