@@ -175,3 +175,22 @@ def test_sigkill_then_rerun_skips_finished_tasks_and_is_bit_identical(demo_repo:
     assert not redone & done_before, sorted(redone & done_before)
     resumed = PreparedData.open(cache / one_worker.version)
     assert manifest_files(resumed) == manifest_files(one_worker)
+
+
+@pytest.mark.unit
+def test_near_duplicates_are_removed_across_shards_when_asked(tmp_path: Path) -> None:
+    words = [f"w{k}" for k in range(5000)]
+    base = [" ".join(random.Random(i).choices(words, k=80)) + f" the end {i}" for i in range(120)]  # unrelated
+    near = [t.replace(" the ", " a ", 1) + " extra" for t in base[:25]]  # one word changed, one added
+    texts = base + near + base[:5]  # 25 near copies, 5 exact copies, in later byte ranges
+    write_jsonl(tmp_path / "data/n.jsonl", texts)
+    sources = [{"name": "n", "path": "data/n.jsonl", "weight": 1.0}]
+    off = prepare_data(make_spec(sources, task_bytes=4096).data, tmp_path, progress=False)
+    assert off.stats["n"]["duplicates_dropped"] == 5 and off.stats["n"]["near_duplicates_dropped"] == 0
+    on = prepare_data(make_spec(sources, task_bytes=4096, near_dedup=True).data, tmp_path, progress=False)
+    st = on.stats["n"]
+    assert on.version != off.version
+    assert st["duplicates_dropped"] == 5 and st["near_duplicates_dropped"] == 25 and st["documents"] == 120
+    again = prepare_data(make_spec(sources, task_bytes=4096, near_dedup=True).data, tmp_path,
+                         cache_root=tmp_path / "c2", progress=False, workers=2)
+    assert manifest_files(again) == manifest_files(on)

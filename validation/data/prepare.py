@@ -142,6 +142,7 @@ def compute_version(data: DataSpec, repo_root: Path, cache_root: Path) -> Versio
         "min_doc_chars": data.min_doc_chars,
         "eval_fraction": data.eval_fraction,
         "task_bytes": data.task_bytes,
+        "near_dedup": data.near_dedup,
         "tokenizer": tokenizer,
         "sources": [
             {
@@ -333,7 +334,7 @@ def _build(data: DataSpec, inputs: VersionInputs, build: Path, logs: Path, worke
     plan = Plan(
         build=str(build), sources=list(data.sources), tasks=tasks, buckets=max(1, len(tasks)),
         min_doc_chars=data.min_doc_chars, eval_threshold=_eval_threshold(data.eval_fraction),
-        sample_chars=BPE_SAMPLE_CHARS, logs=str(logs), run=_next_run(build),
+        sample_chars=BPE_SAMPLE_CHARS, logs=str(logs), run=_next_run(build), near_dedup=data.near_dedup,
         threads=1 if launcher == "slurm" else max(1, cpus // max(1, min(workers, len(tasks)))),
     )
     log.info("data %s: %d tasks, %d dedup buckets, run %d", inputs.version, len(tasks), plan.buckets, plan.run)
@@ -416,8 +417,23 @@ def _merge_counts(data: DataSpec, plan: Plan) -> dict[str, Any]:
                 agg["min_train"] = entry["min_train"]
             if entry["max_eval"] and (agg["max_eval"] is None or entry["max_eval"][:2] > agg["max_eval"][:2]):
                 agg["max_eval"] = entry["max_eval"]
+    near = _near_duplicates(plan) if plan.near_dedup else {}
+    for task, idxs in near.items():
+        docs = np.load(plan.task_dir("scan", task) / "docs.npy", mmap_mode="r")
+        held = int((docs["h0"][idxs] < np.uint64(plan.eval_threshold)).sum())
+        agg = per[plan.tasks[task].source]
+        agg["near"] = agg.get("near", 0) + len(idxs)
+        agg["eval"] -= held
+        agg["train"] -= len(idxs) - held
+        for key in ("min_train", "max_eval"):
+            if agg[key] and agg[key][2] == task and agg[key][3] in set(idxs.tolist()):
+                agg[f"recompute_{key}"] = True
+    near_keys = {(t, int(i)) for t, idxs in near.items() for i in idxs}
+    for s, agg in enumerate(per):
+        if agg.pop("recompute_min_train", False) or agg.pop("recompute_max_eval", False):
+            agg["min_train"], agg["max_eval"] = _extreme_kept(plan, s, near)
     flip: dict[str, list[int]] = {}
-    moved: dict[str, set[tuple[int, int]]] = {"to_eval": set(), "to_train": set()}
+    moved: dict[str, set[tuple[int, int]]] = {"to_eval": set(), "to_train": set(), "near": near_keys}
     for s, source in enumerate(data.sources):
         agg = per[s]
         kept = agg["train"] + agg["eval"]
@@ -447,6 +463,75 @@ def _merge_counts(data: DataSpec, plan: Plan) -> dict[str, Any]:
     return {"read": read, "empty": empty, "per": per, "flip": flip, "moved": moved}
 
 
+def _exact_duplicates(plan: Plan, task: int) -> np.ndarray:
+    """Indexes of a scan task's documents that dedup found to be exact duplicates."""
+    parts = []
+    for b in range(plan.buckets):
+        dedup = plan.task_dir("dedup", b)
+        offsets = np.load(dedup / "dup_offsets.npy")
+        parts.append(np.load(dedup / "dups.npy", mmap_mode="r")[offsets[task]:offsets[task + 1]]["idx"])
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _near_duplicates(plan: Plan) -> dict[int, np.ndarray]:
+    """Near duplicates to drop, per scan task: every document of an LSH cluster (union of the
+    band-sharing pairs, within a source) but the first in file order. Written to build/near/."""
+    edges = np.concatenate([np.load(plan.task_dir("dedup", b) / "near_edges.npy") for b in range(plan.buckets)])
+    exact = np.concatenate([(np.uint64(t) << np.uint64(32)) | _exact_duplicates(plan, t).astype(np.uint64)
+                            for t in range(len(plan.tasks))])
+    a = (edges["task_a"].astype(np.uint64) << np.uint64(32)) | edges["idx_a"].astype(np.uint64)
+    b = (edges["task_b"].astype(np.uint64) << np.uint64(32)) | edges["idx_b"].astype(np.uint64)
+    live = ~(np.isin(a, exact) | np.isin(b, exact))  # an exact copy is already gone (same bands as its original)
+    a, b = a[live], b[live]
+    nodes, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
+    parent = list(range(nodes.size))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, j in zip(inverse[: a.size].tolist(), inverse[a.size:].tolist(), strict=True):
+        ri, rj = root(i), root(j)
+        if ri != rj:
+            parent[max(ri, rj)] = min(ri, rj)  # the smallest key (earliest document) is the root
+    removed = np.array([k for k in range(nodes.size) if root(k) != k], dtype=np.int64)
+    keys = nodes[removed] if removed.size else np.zeros(0, dtype=np.uint64)
+    out: dict[int, np.ndarray] = {}
+    folder = Path(plan.build) / "near"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    tasks = (keys >> np.uint64(32)).astype(np.int64)
+    idxs = (keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    for task in np.unique(tasks).tolist():
+        out[task] = np.sort(idxs[tasks == task])
+        np.save(folder / f"{task:05d}.npy", out[task])
+    return out
+
+
+def _extreme_kept(plan: Plan, source: int, near: dict[int, np.ndarray]) -> tuple[list[int] | None, list[int] | None]:
+    """(smallest-hash kept train document, largest-hash kept eval document) of a source, by scanning
+    its tasks (needed only when near_dedup removed the one the dedup summary named)."""
+    best_train: list[int] | None = None
+    best_eval: list[int] | None = None
+    for task, t in enumerate(plan.tasks):
+        if t.source != source:
+            continue
+        docs = np.load(plan.task_dir("scan", task) / "docs.npy")
+        keep = np.ones(docs.size, dtype=bool)
+        keep[_exact_duplicates(plan, task)] = False
+        keep[near.get(task, np.zeros(0, dtype=np.int64))] = False
+        for i in np.flatnonzero(keep).tolist():
+            rec = [int(docs["h0"][i]), int(docs["h1"][i]), task, i]
+            if rec[0] < plan.eval_threshold:
+                if best_eval is None or rec[:2] > best_eval[:2]:
+                    best_eval = rec
+            elif best_train is None or rec[:2] < best_train[:2]:
+                best_train = rec
+    return best_train, best_eval
+
+
 def _bpe_sample(plan: Plan, merged: dict[str, Any]) -> list[str]:
     """Kept training documents of every source in hash order, up to BPE_SAMPLE_CHARS: the same
     sample for any number of tasks (each dedup bucket offers its smallest hashes)."""
@@ -466,7 +551,7 @@ def _bpe_sample(plan: Plan, merged: dict[str, Any]) -> list[str]:
         if total >= BPE_SAMPLE_CHARS:
             break
         key = (int(rec["task"]), int(rec["idx"]))
-        if key in merged["moved"]["to_eval"]:
+        if key in merged["moved"]["to_eval"] or key in merged["moved"]["near"]:
             continue
         chosen.setdefault(key[0], []).append(key[1])
         order.append(key)
@@ -545,6 +630,7 @@ def _assemble(data: DataSpec, plan: Plan, merged: dict[str, Any], final: Path,
             "documents_read": read,
             "empty_dropped": empty,
             "duplicates_dropped": dups,
+            "near_duplicates_dropped": merged["per"][s].get("near", 0),
             "empty_rate": round(empty / read, 6),
             "duplicate_rate": round(dups / non_empty, 6) if non_empty else 0.0,
             "tokens": tr["tokens"] + ev["tokens"],

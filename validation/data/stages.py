@@ -41,6 +41,32 @@ SAMPLE_SLACK_DOCS = 1  # a bucket offers one document beyond the BPE budget (a r
 DOC_DTYPE = np.dtype([("end", "<u8"), ("h0", "<u8"), ("h1", "<u8"), ("chars", "<u8"), ("non_ascii", "<u8")])
 REC_DTYPE = np.dtype([("h0", "<u8"), ("h1", "<u8"), ("task", "<u4"), ("idx", "<u4"), ("chars", "<u8")])
 DUP_DTYPE = np.dtype([("task", "<u4"), ("idx", "<u4")])
+BAND_DTYPE = np.dtype([("bh", "<u8"), ("band", "<u4"), ("task", "<u4"), ("idx", "<u4")])
+EDGE_DTYPE = np.dtype([("task_a", "<u4"), ("idx_a", "<u4"), ("task_b", "<u4"), ("idx_b", "<u4")])
+
+# MinHash LSH (near_dedup): 16 bands of 8 rows over word 5-gram shingles. A pair with Jaccard
+# similarity s shares a band with probability 1 - (1 - s**8)**16: 0.5 at s = 0.70, 0.99 at s = 0.85.
+MINHASH_BANDS, MINHASH_ROWS, SHINGLE_WORDS = 16, 8, 5
+_MH_RNG = np.random.default_rng(0x6D696E68617368)
+_MH_A = _MH_RNG.integers(1, 2**63, size=MINHASH_BANDS * MINHASH_ROWS, dtype=np.uint64) | np.uint64(1)
+_MH_B = _MH_RNG.integers(0, 2**63, size=MINHASH_BANDS * MINHASH_ROWS, dtype=np.uint64)
+_MH_MIX = _MH_RNG.integers(1, 2**63, size=max(MINHASH_ROWS, SHINGLE_WORDS), dtype=np.uint64) | np.uint64(1)
+
+
+def minhash_bands(text: str) -> np.ndarray:
+    """One 64-bit hash per LSH band of the document's MinHash signature (deterministic everywhere:
+    crc32 of the words, multiply-shift permutations mod 2**64, no Python `hash`)."""
+    import zlib
+
+    words = np.array([zlib.crc32(w.encode("utf-8")) for w in text.split()] or [0], dtype=np.uint64)
+    k = min(SHINGLE_WORDS, words.size)
+    with np.errstate(over="ignore"):
+        shingles = np.zeros(words.size - k + 1, dtype=np.uint64)
+        for j in range(k):
+            shingles = shingles + words[j:words.size - k + 1 + j] * _MH_MIX[j]
+        signature = ((_MH_A[:, None] * shingles[None, :] + _MH_B[:, None]) >> np.uint64(32)).min(axis=1)
+        rows = signature.reshape(MINHASH_BANDS, MINHASH_ROWS)
+        return (rows * _MH_MIX[None, :MINHASH_ROWS]).sum(axis=1, dtype=np.uint64)
 
 
 @dataclass(frozen=True)
@@ -66,6 +92,7 @@ class Plan:
     eval_threshold: int  # a document is held out when h0 < this (is_held_out on the first 8 hash bytes)
     sample_chars: int
     logs: str  # where task-starts.jsonl goes
+    near_dedup: bool = False
     run: int = 1
     threads: int = 1  # tokenizer threads per task
     extra: dict[str, Any] = field(default_factory=dict)
@@ -138,6 +165,7 @@ class ScanTask(_Task):
         source = self.plan.sources[task.source]
         read = empty = 0
         meta: list[tuple[int, int, int, int, int]] = []
+        bands: list[np.ndarray] = []
         end = 0
         with (out / "text.bin").open("wb") as text_file:
             for raw in read_documents(source, Path(task.file), task.start, task.end):
@@ -151,6 +179,8 @@ class ScanTask(_Task):
                 end += len(encoded)
                 h0, h1 = _hash_words(document_hash(text))
                 meta.append((end, h0, h1, len(text), non_ascii_count(text)))
+                if self.plan.near_dedup:
+                    bands.append(minhash_bands(text))
         docs = np.array(meta, dtype=DOC_DTYPE)
         np.save(out / "docs.npy", docs)
         records = np.empty(docs.size, dtype=REC_DTYPE)
@@ -160,6 +190,18 @@ class ScanTask(_Task):
         order = np.argsort(bucket, kind="stable")
         np.save(out / "records.npy", records[order])
         np.save(out / "bucket_offsets.npy", np.searchsorted(bucket[order], np.arange(self.plan.buckets + 1)))
+        if self.plan.near_dedup:
+            band_rec = np.empty(docs.size * MINHASH_BANDS, dtype=BAND_DTYPE)
+            if docs.size:
+                band_rec["bh"] = np.concatenate(bands)
+            band_rec["band"] = np.tile(np.arange(MINHASH_BANDS, dtype=np.uint32), docs.size)
+            band_rec["task"] = rank
+            band_rec["idx"] = np.repeat(np.arange(docs.size, dtype=np.uint32), MINHASH_BANDS)
+            band_bucket = bucket_of(band_rec["bh"], self.plan.buckets)
+            band_order = np.argsort(band_bucket, kind="stable")
+            np.save(out / "bands.npy", band_rec[band_order])
+            np.save(out / "band_offsets.npy", np.searchsorted(band_bucket[band_order],
+                                                              np.arange(self.plan.buckets + 1)))
         (out / "counts.json").write_text(json.dumps({"read": read, "empty": empty}))
 
 
@@ -205,9 +247,37 @@ class DedupTask(_Task):
         train_all = kept[~held]
         train_all = train_all[np.lexsort((train_all["h1"], train_all["h0"]))]
         cum = np.cumsum(train_all["chars"].astype(np.int64))
-        take = int(np.searchsorted(cum, plan.sample_chars, side="left")) + 1 + SAMPLE_SLACK_DOCS
+        # near_dedup removes documents only after this merge: offer twice the budget then
+        budget = plan.sample_chars * (2 if plan.near_dedup else 1)
+        take = int(np.searchsorted(cum, budget, side="left")) + 1 + SAMPLE_SLACK_DOCS
         np.save(out / "sample.npy", train_all[:take])
         (out / "summary.json").write_text(json.dumps(summary))
+        if plan.near_dedup:
+            np.save(out / "near_edges.npy", self._near_edges(rank))
+
+    def _near_edges(self, rank: int) -> np.ndarray:
+        """Pairs (first, other) of documents of one source that share an LSH band hash."""
+        plan = self.plan
+        parts = []
+        for t in range(len(plan.tasks)):
+            scan = plan.task_dir("scan", t)
+            offsets = np.load(scan / "band_offsets.npy")
+            if offsets[rank + 1] > offsets[rank]:
+                parts.append(np.load(scan / "bands.npy", mmap_mode="r")[offsets[rank]:offsets[rank + 1]])
+        rec = np.concatenate(parts) if parts else np.empty(0, dtype=BAND_DTYPE)
+        if rec.size < 2:
+            return np.empty(0, dtype=EDGE_DTYPE)
+        src = np.array([task.source for task in plan.tasks], dtype=np.int64)[rec["task"]]
+        order = np.lexsort((rec["idx"], rec["task"], rec["bh"], rec["band"], src))
+        rec, src = rec[order], src[order]
+        new_group = np.ones(rec.size, dtype=bool)
+        new_group[1:] = (src[1:] != src[:-1]) | (rec["band"][1:] != rec["band"][:-1]) | (rec["bh"][1:] != rec["bh"][:-1])
+        first = np.maximum.accumulate(np.where(new_group, np.arange(rec.size), 0))
+        member = ~new_group
+        edges = np.empty(int(member.sum()), dtype=EDGE_DTYPE)
+        edges["task_a"], edges["idx_a"] = rec["task"][first[member]], rec["idx"][first[member]]
+        edges["task_b"], edges["idx_b"] = rec["task"][member], rec["idx"][member]
+        return np.unique(edges)
 
 
 def _rec_json(r: np.void) -> list[int]:
@@ -233,6 +303,9 @@ class TokenizeTask(_Task):
             offsets = np.load(dedup / "dup_offsets.npy")
             if offsets[rank + 1] > offsets[rank]:
                 keep[np.load(dedup / "dups.npy", mmap_mode="r")[offsets[rank]:offsets[rank + 1]]["idx"]] = False
+        near = Path(plan.build) / "near" / f"{rank:05d}.npy"
+        if plan.near_dedup and near.is_file():
+            keep[np.load(near)] = False
         held = docs["h0"] < np.uint64(plan.eval_threshold)
         for idx in plan.extra["flip"].get(str(rank), []):  # rebalanced tiny sources
             held[idx] = not held[idx]
