@@ -27,6 +27,7 @@ from pipelines.github.comment import (
 )
 from pipelines.github.events import PushEvent
 from pipelines.github.promote import MlflowPromotion, outstanding_change_requests, promote_push
+from pipelines.github.provenance import ProvenanceLookup, attest
 
 EXP = "rope-theta"
 MARKER = f"<!-- gitops-train:experiment={EXP} -->"
@@ -77,6 +78,11 @@ def train_run(uri: str, tmp: Path, exp: str, outcome: str, *, pr: int | None, ru
     (model / "config.json").write_text("{}")
     client.log_artifacts(run.info.run_id, str(model), "model")
     client.set_terminated(run.info.run_id, "FINISHED")
+    if pr is not None and run_id is not None:
+        # What the trusted attest job of workflow run `run_id` writes for PR `pr`; promotion
+        # reads nothing else (pipelines/github/provenance.py).
+        attest(tracking_uri=uri, pr=pr, sha=SHA_A, experiment=exp, workflow_run_id=run_id,
+               result={"candidate_runs": [{"mlflow_run_id": run.info.run_id}], "verdict": {"outcome": outcome}})
     return run.info.run_id
 
 
@@ -86,7 +92,7 @@ def push_event(sha: str, ref: str = "refs/heads/main") -> PushEvent:
 
 def promote(gh: GitHubEmulator, uri: str, sha: str, model: str) -> list:
     ml = MlflowPromotion(uri, model)
-    return promote_push(push_event(sha), host(gh), ml, ml, model_name=model, bot_login=gh.bot_login,
+    return promote_push(push_event(sha), host(gh), ProvenanceLookup(uri), ml, model_name=model, bot_login=gh.bot_login,
                         sleep=lambda s: None)
 
 
@@ -105,7 +111,8 @@ def test_a_push_to_main_promotes_the_pr_its_merge_commit_belongs_to(gh: GitHubEm
     # A push that is not a merge commit of a PR, or not to main, promotes nothing.
     assert promote(gh, tracking, "c" * 40, "lm-push") == []
     ml = MlflowPromotion(tracking, "lm-push")
-    assert promote_push(push_event(merge_sha, "refs/heads/feature"), host(gh), ml, ml, model_name="lm-push",
+    assert promote_push(push_event(merge_sha, "refs/heads/feature"), host(gh), ProvenanceLookup(tracking), ml,
+                        model_name="lm-push",
                         bot_login=gh.bot_login) == []
 
 
@@ -215,11 +222,19 @@ def test_bundle_text_cannot_pose_as_state(gh: GitHubEmulator) -> None:
 @pytest.mark.unit
 def test_verify_rejects_markers_in_bundle_text(tmp_path: Path) -> None:
     import importlib.util
+    import sys
 
-    spec = importlib.util.spec_from_file_location("result_bundle", Path(".github/scripts/result_bundle.py").resolve())
-    assert spec and spec.loader
-    rb = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rb)
+    # Standalone (issue 19 item 8): the script's dataclasses look their module up in
+    # sys.modules, so register it before executing it, as an import would; the path is
+    # the repository's, whatever the working directory.
+    rb = sys.modules.get("result_bundle")
+    if rb is None:
+        script = Path(__file__).resolve().parents[1] / ".github" / "scripts" / "result_bundle.py"
+        spec = importlib.util.spec_from_file_location("result_bundle", script)
+        assert spec and spec.loader
+        rb = importlib.util.module_from_spec(spec)
+        sys.modules["result_bundle"] = rb
+        spec.loader.exec_module(rb)
     (tmp_path / "pr-number").write_text("7\n")
     (tmp_path / "head-sha").write_text(SHA_A + "\n")
     (tmp_path / "experiments").write_text(EXP + "\n")
