@@ -210,6 +210,8 @@ def metric_table(report: Report, metrics: Sequence[str]) -> str:
             continue
         ci = m.ci_pct
         name = f"**`{key}`**" if key == report.hypothesis.metric else f"`{key}` (exploratory)"
+        if key in report.definitions:
+            name += " ⚠️ defined differently (" + ", ".join(f"`{f}`" for f in report.definitions[key]) + ")"
         rows.append(
             f"| {name} | {fmt(m.baseline)} | {fmt(m.candidate)} | {fmt(m.delta)} | {fmt_pct(m.delta_pct)} | "
             f"{f'[{fmt_pct(ci[0])}, {fmt_pct(ci[1])}]' if ci else 'needs ≥ 2 seeds'} | {m.n} |")

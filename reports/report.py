@@ -83,6 +83,8 @@ class Report:
     exploratory: Verdict | None = None
     """What all paired seeds, added ones included, would say; decides nothing."""
     registration_note: str = ""
+    definitions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """metric -> the fields that make it mean something else on the two sides (not comparable)."""
     decided_seeds: tuple[int | None, ...] = ()
     """The seeds the headline was decided on (the confirmatory registration's own runs)."""
 
@@ -139,8 +141,13 @@ def summarize(runs: Sequence[RunRecord], charge_for: str | None = None) -> SideS
 
 
 def _warnings(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord], comparison: Comparison,
-              name: str) -> list[str]:
+              name: str, definitions: dict[str, tuple[str, ...]]) -> list[str]:
     warnings = []
+    if definitions:
+        warnings.append("Defined differently on the two sides, so not comparable: " + "; ".join(
+            f"`{k}` ({', '.join(v)})" for k, v in definitions.items())
+            + (". Bits per byte (`eval/bpb`) do not depend on the tokenizer." if any(
+                k.endswith("/loss") for k in definitions) else "."))
     cand_trainer = {r.trainer_version for r in candidates if r.trainer_version}
     base_trainer = {r.trainer_version for r in baselines if r.trainer_version}
     if cand_trainer and base_trainer and cand_trainer != base_trainer:
@@ -246,12 +253,18 @@ def make_report(
     exploratory = None
     if added:
         exploratory = verdict(compare(candidates, baselines, view), candidates=candidates, baselines=baselines)
+    cand0, base0 = candidates[0], (baselines[0] if baselines else None)
+    definitions = {k: d for k in comparison.metrics
+                   if base0 is not None and (d := definition_differences(cand0.params, base0.params, k))}
+    if headline_override is None and view.metric in definitions:
+        headline_override = (
+            f"Inconclusive: `{view.metric}` is a different quantity on the two sides "
+            f"({', '.join(definitions[view.metric])} differ), so comparing it decides nothing"
+            + ("; bits per byte (`eval/bpb`) do not depend on the tokenizer." if view.metric.endswith("/loss") else "."))
     if headline_override is not None:
         decided_verdict = Verdict("inconclusive", headline_override, view.metric, 0, alpha=view.alpha)
     else:
         decided_verdict = verdict(comparison, candidates=decided, baselines=baselines)
-    cand0 = candidates[0]
-    base0 = baselines[0] if baselines else None
     data_diff = DataDiff(
         candidate_version=cand0.data.version,
         baseline_version=base0.data.version if base0 else None,
@@ -272,14 +285,36 @@ def make_report(
         candidate_summary=summarize(candidates, charge_for=name),
         baseline_summary=summarize(baselines),
         alerts=tuple((r.run_id, a) for r in candidates for a in r.alerts),
-        warnings=tuple(_warnings(candidates, baselines, comparison, name)),
+        warnings=tuple(_warnings(candidates, baselines, comparison, name, definitions)),
         hypothesis_changes=changed,
         current_hypothesis=current if changed else None,
         added_seeds=added,
         exploratory=exploratory,
         registration_note=note,
         decided_seeds=_seeds(decided),
+        definitions=definitions,
     )
+
+
+EVAL_SETTINGS = ("data.seq_len", "data.eval_fraction", "data.min_doc_chars", "train.eval_batches")
+"""How the held-out split is cut and packed (validation.rules.metric_definition)."""
+
+
+def definition_differences(candidate: dict[str, Any], baseline: dict[str, Any], metric: str) -> tuple[str, ...]:
+    """The fields (flattened spec params) that make an eval metric a different quantity on the
+    two sides: the held-out settings, the held-out sources (all of them for a pooled metric,
+    one for `eval/<source>/...`), and for a per-token `loss` the tokenizer."""
+    if not metric.startswith("eval/") or not candidate or not baseline:
+        return ()  # a side without its spec: unknown, not different
+    parts = metric.split("/")
+    source = parts[1] if len(parts) == 3 else None
+    keys = set(EVAL_SETTINGS)
+    for params in (candidate, baseline):
+        keys |= {k for k in params if k.startswith("data.sources.") and k.endswith(".path")
+                 and (source is None or k == f"data.sources.{source}.path")}
+        if metric.endswith("/loss"):
+            keys |= {k for k in params if k.startswith("data.tokenizer.")}
+    return tuple(sorted(k for k in keys if candidate.get(k, ABSENT) != baseline.get(k, ABSENT)))
 
 
 def _seeds(runs: Any) -> tuple[int | None, ...]:
