@@ -149,12 +149,13 @@ def ceiling(corpus: Path, tokenizer_path: Path, mb: float) -> dict:
     best = None
     with parallel_tokenizers():
         for _ in range(2):
-            t, c = time.perf_counter(), time.process_time()
+            wall = cpu = 0.0
             tokens = 0
             for i in range(0, len(texts), 2000):  # batches of documents, as the preparation encodes
-                tokens += sum(len(e.ids) for e in tokenizer.encode_batch_fast(texts[i:i + 2000],
-                                                                             add_special_tokens=False))
-            wall, cpu = time.perf_counter() - t, time.process_time() - c
+                t, c = time.perf_counter(), time.process_time()
+                encodings = tokenizer.encode_batch_fast(texts[i:i + 2000], add_special_tokens=False)
+                wall, cpu = wall + time.perf_counter() - t, cpu + time.process_time() - c
+                tokens += sum(len(e) for e in encodings)  # outside the clock: the encoder alone is timed
             if best is None or wall < best[0]:
                 best = (wall, cpu / wall, tokens)
     assert best is not None
