@@ -187,10 +187,11 @@ def prepare_data(
     if cached:
         return cached
     with _exclusive(cache_root / f".{inputs.version}.lock"):
+        build = cache_root / f".build-{inputs.version}"
         cached = _open_if_valid(final)  # another process may have finished meanwhile
         if cached:
+            shutil.rmtree(build, ignore_errors=True)  # left by a run killed between rename and clean-up
             return cached
-        build = cache_root / f".build-{inputs.version}"
         if not build.is_dir():
             check_free_space(cache_root, needed=2 * inputs.input_bytes + (64 << 20))
         build.mkdir(parents=True, exist_ok=True)
@@ -570,7 +571,8 @@ def _bpe_sample(plan: Plan, merged: dict[str, Any]) -> list[str]:
 def _write_tokenizer(data: DataSpec, inputs: VersionInputs, plan: Plan, merged: dict[str, Any],
                      tokenizer_file: Path) -> None:
     tokenizer_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tokenizer_file.with_name(f".tokenizer.json.tmp-{os.getpid()}")
+    # Outside `final/`: a run killed mid-write must not leave a stray file that the manifest would list.
+    tmp = Path(plan.build) / f".tokenizer.json.tmp-{os.getpid()}"
     if inputs.tokenizer_file:
         from tokenizers import Tokenizer
 
