@@ -106,7 +106,10 @@ def comment(
         if body_file is not None:
             if not body_file.is_file():
                 raise UsageError(f"{body_file}: no such file")
-            body = body_file.read_text(encoding="utf-8")
+            from pipelines.github.comment import neutralize_untrusted
+
+            # Bodies from files are untrusted text (a PR's bundle, a training report).
+            body = neutralize_untrusted(body_file.read_text(encoding="utf-8"))
         else:
             from reports.render import render_status
 

@@ -300,3 +300,17 @@ def test_dispatch_without_sha_trains_a_same_repo_pr_at_its_validated_head(gh: Gi
                                   sender="erin")
     d = handle_event(event, PyGithubHost(emulator_config(gh)), bot_login=gh.bot_login)
     assert (d.action, d.sha) == ("launch", SHA_A), d.reason
+
+
+@pytest.mark.unit
+def test_more_experiments_than_the_cap_are_refused_with_a_clear_message() -> None:
+    """Issue 19 item 5: one PR of many experiment files cannot start that many jobs."""
+    from pipelines.github.chatops import MAX_EXPERIMENTS_PER_PR
+
+    names = [f"exp-{i:02d}" for i in range(MAX_EXPERIMENTS_PER_PR + 1)]
+    pr = _pr(files=tuple(f"experiments/{n}.yaml" for n in names))
+    d = decide(Command("train"), actor="erin", permission="write", pr=pr, validated=dict.fromkeys(names, SHA_A))
+    assert d.action == "refuse" and d.reply and f"at most {MAX_EXPERIMENTS_PER_PR}" in d.reply
+    one = decide(Command("train", names[0]), actor="erin", permission="write", pr=pr,
+                 validated=dict.fromkeys(names, SHA_A))
+    assert one.action == "launch" and one.experiments == (names[0],)

@@ -171,3 +171,19 @@ def test_a_duplicate_removed_despite_a_lost_delete_answer(gh: GitHubEmulator) ->
     sticky(gh, n).upsert("new")
     assert len(ours(gh, n)) == 1
     assert [e[2] for e in gh.requests_made("DELETE")] == [502, 404]
+
+
+# --------------------------------------------------------------------------- issue 19 item 5: untrusted text
+
+
+@pytest.mark.unit
+def test_untrusted_text_pings_nobody_and_loads_no_outside_image() -> None:
+    from pipelines.github.comment import ZWSP, neutralize_untrusted
+
+    text = ("cc @acme/ml-platform and @erin; mail a@b.com; `@code`\n"
+            "![loss](https://tracker.example/p.png?who=you) ![ok](smoke-loss.png)\n"
+            '<img src="http://tracker.example/x.gif">\n[t]: https://tracker.example/t.png\n')
+    out = neutralize_untrusted(text)
+    assert "@acme" not in out and f"@{ZWSP}acme/ml-platform" in out and f"@{ZWSP}erin" in out
+    assert "a@b.com" in out and "`@code`" in out
+    assert "tracker.example" not in out and "![ok](smoke-loss.png)" in out

@@ -87,3 +87,23 @@ def test_render_says_awaiting_train_only_when_every_stage_passed(tmp_path: Path)
     (path,) = bundle_mod.render(root, {**stages, "smoke": "failure"})
     text = path.read_text()
     assert "Awaiting" not in text and "smoke: failure" in text
+
+
+@pytest.mark.unit
+def test_a_bundle_of_a_thousand_experiments_posts_at_most_the_cap(tmp_path: Path) -> None:
+    """Issue 19 item 5: the comment job posts at most MAX_EXPERIMENTS comments per run and says
+    how many were left out."""
+    from github_emulator import SHA_A
+
+    names = [f"e{i:02d}" for i in range(100)] + [f"{a}{b}{c}" for a in "fghijklmn" for b in "abcdefghij"
+                                                  for c in "abcdefghij"]
+    assert len(names) == 1000  # 4,000 bytes: within the experiments file's size limit
+    (tmp_path / "pr-number").write_text("7\n")
+    (tmp_path / "head-sha").write_text(SHA_A + "\n")
+    (tmp_path / "experiments").write_text("\n".join(names) + "\n")
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "comment.md").write_text("### ok\n")
+    verified = bundle_mod.read_bundle(tmp_path, SHA_A)
+    assert len(verified.experiments) == bundle_mod.MAX_EXPERIMENTS == 10
+    assert verified.dropped == 990

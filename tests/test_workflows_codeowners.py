@@ -50,7 +50,7 @@ def imported_packages(files: list[Path], known: set[str]) -> set[str]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def package_closure(seeds: frozenset[str]) -> set[str]:
     known, done, todo = top_packages(), set(), set(seeds)
     while todo:

@@ -38,6 +38,10 @@ SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 COMMENT_LIMIT = 65_536  # characters, GitHub's limit for a comment body
 MARKER_RE = re.compile(r"<!--\s*gitops-train", re.I)
 STAGES_IN_ORDER = ("validate", "plan", "data", "data check", "smoke")
+# At most this many experiments per pull request get a comment (and can be trained: the same
+# cap as pipelines.github.chatops.MAX_EXPERIMENTS_PER_PR); one bundle cannot make the comment
+# job post a thousand comments and spend the repository's API budget.
+MAX_EXPERIMENTS = 10
 
 
 class BundleRejected(Exception):
@@ -49,6 +53,7 @@ class VerifiedBundle:
     pr: int
     head_sha: str
     experiments: list[str]
+    dropped: int = 0  # experiments past MAX_EXPERIMENTS: named in a notice, never posted
 
 
 def _read_small_text(path: Path, limit: int = 200) -> str:
@@ -73,7 +78,12 @@ def read_bundle(bundle: Path, run_head_sha: str) -> VerifiedBundle:
         raise BundleRejected("head-sha: not a 40-hex commit SHA")
     if sha != run_head_sha:
         raise BundleRejected(f"head-sha: bundle says {sha}, the workflow run tested {run_head_sha}")
-    names = _read_small_text(bundle / "experiments", limit=64 * 66).split()
+    names = list(dict.fromkeys(_read_small_text(bundle / "experiments", limit=64 * 66).split()))
+    for name in names:
+        if not NAME_RE.fullmatch(name):
+            raise BundleRejected(f"experiments: {name[:70]!r} is not an experiment name")
+    dropped = max(0, len(names) - MAX_EXPERIMENTS)
+    names = names[:MAX_EXPERIMENTS]
     for name in names:
         if not NAME_RE.fullmatch(name):
             raise BundleRejected(f"experiments: {name[:70]!r} is not an experiment name")
@@ -92,7 +102,7 @@ def read_bundle(bundle: Path, run_head_sha: str) -> VerifiedBundle:
         # Sticky-comment markers and state are written by the trusted side only.
         if MARKER_RE.search(text):
             raise BundleRejected(f"{name}/comment.md: contains a gitops-train marker (only the trusted side writes those)")
-    return VerifiedBundle(pr=int(pr_text), head_sha=sha, experiments=list(dict.fromkeys(names)))
+    return VerifiedBundle(pr=int(pr_text), head_sha=sha, experiments=names, dropped=dropped)
 
 
 def pull_request_head(api_url: str, repository: str, pr: int, token: str | None) -> tuple[str, str]:
@@ -242,7 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     except BundleRejected as exc:
         print(f"::error title=result bundle rejected::{exc}")
         return 1
-    _write_outputs({"pr": str(verified.pr), "experiments": " ".join(verified.experiments)})
+    _write_outputs({"pr": str(verified.pr), "experiments": " ".join(verified.experiments),
+                    "dropped": str(verified.dropped)})
+    if verified.dropped:
+        print(f"::warning title=too many experiments::{verified.dropped} experiment(s) past the cap of "
+              f"{MAX_EXPERIMENTS} per pull request get no comment")
     print(f"bundle verified: PR #{verified.pr} at {verified.head_sha}: {' '.join(verified.experiments) or '(none)'}")
     return 0
 

@@ -184,6 +184,11 @@ def experiments_in(files: Iterable[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
+# At most this many experiments per pull request are commented on and trained (the same cap
+# as .github/scripts/result_bundle.py MAX_EXPERIMENTS): one PR cannot start a thousand jobs.
+MAX_EXPERIMENTS_PER_PR = 10
+
+
 def experiment_file(root: Path, name: str) -> Path | None:
     """The one experiment-file rule of every job (and of .github/scripts/train_gate.py):
     `experiments/<name>.yaml` or `.yml`, a regular file, not a symlink, not both."""
@@ -272,6 +277,10 @@ def decide(
         chosen = in_pr
     if not chosen:
         return refuse("no experiments", "this pull request changes no `experiments/<name>.yaml` file.")
+    if len(chosen) > MAX_EXPERIMENTS_PER_PR and command.verb != "cancel":
+        return refuse("too many experiments",
+                      f"this pull request changes {len(chosen)} experiments; at most {MAX_EXPERIMENTS_PER_PR} "
+                      "are handled per pull request. Split it, or name one: `/train <experiment>`.")
     if command.verb == "cancel":
         return Decision("cancel", f"cancel requested by {who}", experiments=chosen, sha=pr.head_sha, pr=n)
     stale = [e for e in chosen if validated.get(e) != pr.head_sha]

@@ -237,6 +237,32 @@ def sanitize_body(body: str) -> str:
     return text
 
 
+# @login or @org/team, as GitHub links them: not after a word character, an e-mail's local part or a backtick.
+_MENTION_RE = re.compile(r"(?<![\w`@/.+-])@(?=[A-Za-z0-9][A-Za-z0-9-]{0,38}(?:/[A-Za-z0-9][\w.-]*)?\b)")
+_MD_IMAGE_RE = re.compile(r"!\[([^\]\n]{0,500})\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_HTML_IMAGE_RE = re.compile(r"<\s*(?:img|picture|source|image|svg)\b[^>]*>", re.I)
+_REF_IMAGE_RE = re.compile(r"^ {0,3}\[[^\]\n]+\]:\s*<?(?:https?:)?//\S+.*$", re.M)
+ZWSP = "\u200b"
+
+
+def neutralize_untrusted(text: str) -> str:
+    """Untrusted text (a PR's result bundle, a training report) made safe to post: mentions do
+    not notify (`@team` becomes `@` + zero-width space + `team`), outside images are dropped
+    (`![alt](https://...)`, `<img>` and link-reference definitions; a relative image stays),
+    so a PR cannot page a team or make every reader's browser fetch a URL it chose."""
+
+    def image(m: re.Match[str]) -> str:
+        url = m.group(2)
+        if re.match(r"^(?:[a-z][a-z0-9+.-]*:|//)", url, re.I):
+            return f"{m.group(1)} (outside image removed)"
+        return m.group(0)
+
+    text = _MD_IMAGE_RE.sub(image, text)
+    text = _HTML_IMAGE_RE.sub("(outside image removed)", text)
+    text = _REF_IMAGE_RE.sub("", text)
+    return _MENTION_RE.sub("@" + ZWSP, text)
+
+
 def full_report_url() -> str | None:
     """The workflow run's page (where the full report is), when running in GitHub Actions."""
     server, repo, run = (os.environ.get(k) for k in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"))
