@@ -340,6 +340,47 @@ def runners_token(repo: RepoOpt = None) -> None:
     _guarded(run)
 
 
+@runners_app.command("jit")
+def runners_jit(
+    org: Annotated[str, typer.Option("--org", help="Organisation whose runner group serves the GPU pool.")],
+    group: Annotated[str, typer.Option("--group", help="Runner group name (restricted to experiment-train.yml "
+                                                       "on the default branch).")],
+    labels: Annotated[str, typer.Option("--labels", help="Comma list, e.g. gpu,h100.")],
+    out: Annotated[Path, typer.Option("--out", help="Where to write the encoded JIT config (mode 0600; it is "
+                                                    "a credential: never on a command line or in a log).")],
+    name: Annotated[str | None, typer.Option("--name", help="Runner name (default: host-pid-random).")] = None,
+    default_branch: Annotated[str, typer.Option("--default-branch")] = "main",
+    repo: RepoOpt = None,
+) -> None:
+    """Register one just-in-time runner (one job, then gone) in the gate-only runner group:
+    refuses a group that is not restricted to the train workflow on the default branch."""
+
+    def run() -> None:
+        import secrets
+        import socket
+
+        from pipelines.github.runners import group_problems, jit_request
+
+        config = _runners_config(repo)
+        host = _host(config)
+        groups = [g for g in host.runner_groups(org) if g.name == group]
+        if len(groups) != 1:
+            raise UsageError(f"no runner group named {group!r} in {org}")
+        problems = group_problems(groups[0], repo=config.repo, default_branch=default_branch)
+        if problems:
+            raise UsageError("refusing to register a runner: " + "; ".join(problems))
+        runner_name = name or f"{socket.gethostname().split('.')[0]}-{os.getpid()}-{secrets.token_hex(3)}"
+        body = jit_request(name=runner_name, labels=tuple(x for x in labels.split(",") if x), group_id=groups[0].id)
+        jit = host.generate_jitconfig(org, body)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(jit.encoded_jit_config)
+        typer.echo(f"runner {jit.name} (id {jit.id}) registered in {group} for one job; config in {out}")
+
+    _guarded(run)
+
+
 @runners_app.command("prune")
 def runners_prune(
     offline_for: Annotated[str, typer.Option("--offline-for", help="Remove runners offline this long (e.g. 24h).")]

@@ -1,36 +1,34 @@
 #!/usr/bin/env bash
-# Register this machine as an EPHEMERAL self-hosted GitHub Actions runner and run one job.
+# Run ONE job on this machine as a just-in-time (JIT) GitHub Actions runner, then leave.
 #
-# Ephemeral: the runner takes exactly one job, then GitHub deregisters it; nothing a job
-# leaves behind (files, processes, credentials) survives into the next job, provided the
-# machine or container is also fresh (a pod, a VM from an image, a Slurm allocation with a
-# scratch work dir). See docs/operations.md for the threat model.
+# The runner is registered at the ORGANISATION level in a runner group that only
+# `experiment-train.yml` on the default branch may use (`pipeline runners jit` refuses any
+# other group), with `generate-jitconfig`: a single-job runner, no registration token, and
+# the JIT config (a credential) only in a 0600 file and the runner's environment, never on
+# a command line or in a log. Every job gets a fresh copy of the runner, a fresh HOME, TMPDIR
+# and caches (pip, HF, XDG), all deleted afterwards: nothing one job writes is there for the
+# next. Run it in a fresh VM or container per job (docs/operations.md, section 3) so nothing
+# outside those folders is shared either; `--loop` is refused for that reason.
 #
 # Usage:
-#   scripts/register-runner.sh --repo OWNER/REPO --labels gpu,h100 [options]
+#   scripts/register-runner.sh --org ORG --group GROUP --labels gpu,h100 [options]
 # Options:
-#   --repo OWNER/REPO     repository to serve (or env GITHUB_REPOSITORY)
-#   --labels L1,L2        labels besides the automatic self-hosted/Linux/X64 (must include
-#                         `gpu` for experiment-train.yml, plus the spec's `gpu_type`)
+#   --org ORG             organisation that owns the runner group
+#   --group NAME          runner group restricted to OWNER/REPO/.github/workflows/experiment-train.yml@refs/heads/main
+#   --labels L1,L2        labels besides self-hosted (`gpu` plus the spec's `gpu_type`)
+#   --repo OWNER/REPO     the repository the group serves (or env GITHUB_REPOSITORY)
 #   --name NAME           runner name (default: <hostname>-<slurm job id or random>)
-#   --group NAME          runner group (restrict it to this repository in the org settings)
-#   --runner-dir DIR      where the actions/runner release is unpacked (default: ~/actions-runner)
-#   --work DIR            job work directory (default: a fresh temp dir, deleted afterwards)
-#   --server URL          GitHub web URL (default: env GITHUB_SERVER_URL or https://github.com)
-#   --loop                register again after each job (a long-lived node in a pool)
-#   --dry-run             print the config.sh command instead of running it
-# Token: env RUNNER_TOKEN, else `pipeline runners token` (needs GITHUB_TOKEN with the
-# repository's administration permission; a registration token is valid for one hour).
+#   --runner-dir DIR      the unpacked actions/runner release, read only (default: ~/actions-runner)
+#   --scratch DIR         where the per-job folders are made (default: $TMPDIR or /tmp; node-local on Slurm)
+#   --dry-run             print what would run, register nothing
+# Token: GITHUB_RUNNERS_TOKEN (or GITHUB_TOKEN) allowed to administer the organisation's
+# self-hosted runners; used only by `pipeline runners jit`, never passed to the job.
 set -euo pipefail
 
+org=""; group=""; labels=""; name=""
 repo="${GITHUB_REPOSITORY:-}"
-labels=""
-name=""
-group=""
 runner_dir="${HOME}/actions-runner"
-work=""
-server="${GITHUB_SERVER_URL:-https://github.com}"
-loop=false
+scratch="${TMPDIR:-/tmp}"
 dry_run=false
 pipeline="${PIPELINE:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/pipeline}"
 
@@ -38,56 +36,54 @@ die() { echo "register-runner: $*" >&2; exit 2; }
 
 while [ "$#" -gt 0 ]; do
   case "$1" in
-    --repo) repo="$2"; shift 2 ;;
-    --labels) labels="$2"; shift 2 ;;
-    --name) name="$2"; shift 2 ;;
+    --org) org="$2"; shift 2 ;;
     --group) group="$2"; shift 2 ;;
+    --labels) labels="$2"; shift 2 ;;
+    --repo) repo="$2"; shift 2 ;;
+    --name) name="$2"; shift 2 ;;
     --runner-dir) runner_dir="$2"; shift 2 ;;
-    --work) work="$2"; shift 2 ;;
-    --server) server="$2"; shift 2 ;;
-    --loop) loop=true; shift ;;
+    --scratch) scratch="$2"; shift 2 ;;
     --dry-run) dry_run=true; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --loop) die "--loop is refused: one job per fresh machine or container (a reused host keeps state between jobs)" ;;
+    --ephemeral|--token|--url) die "$1: registration tokens are not used; runners are just-in-time (generate-jitconfig)" ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
 
-[[ "$repo" =~ ^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$ ]] || die "--repo OWNER/REPO is required"
+[[ "$org" =~ ^[A-Za-z0-9][A-Za-z0-9-]{0,38}$ ]] || die "--org ORG is required"
+[[ "$group" =~ ^[A-Za-z0-9][A-Za-z0-9\ _.-]{0,79}$ ]] || die "--group NAME is required"
+[[ "$repo" =~ ^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$ ]] || die "--repo OWNER/REPO (or GITHUB_REPOSITORY) is required"
 [[ "$labels" =~ ^[a-z0-9_.-]+(,[a-z0-9_.-]+)*$ ]] || die "--labels must be a comma list like gpu,h100"
 [[ ",$labels," == *",gpu,"* ]] || echo "register-runner: warning: no 'gpu' label; experiment-train.yml will not use this runner" >&2
 name="${name:-$(hostname -s)-${SLURM_JOB_ID:-$RANDOM$RANDOM}}"
-[ -x "$runner_dir/config.sh" ] || $dry_run || die "$runner_dir/config.sh not found: unpack the actions/runner release there"
 
-registration_token() {
-  if [ -n "${RUNNER_TOKEN:-}" ]; then
-    printf '%s' "$RUNNER_TOKEN"
-  else
-    GITHUB_REPOSITORY="$repo" "$pipeline" runners token --repo "$repo"
-  fi
-}
-
-run_once() {
-  local job_work cleanup=false
-  if [ -n "$work" ] || $dry_run; then job_work="${work:-<temp dir>}"; else job_work="$(mktemp -d)"; cleanup=true; fi
-  local args=(--unattended --ephemeral --disableupdate --replace
-              --url "$server/$repo" --name "$name" --labels "$labels" --work "$job_work")
-  [ -n "$group" ] && args+=(--runnergroup "$group")
-  if $dry_run; then
-    echo "$runner_dir/config.sh ${args[*]} --token ***"
-    return 0
-  fi
-  local token
-  token="$(registration_token)"
-  [ -n "$token" ] || die "could not obtain a registration token"
-  (cd "$runner_dir" && ./config.sh "${args[@]}" --token "$token")
-  unset token
-  # run.sh returns after the single job (ephemeral); GitHub removes the registration.
-  (cd "$runner_dir" && ./run.sh) || echo "register-runner: runner exited with $?" >&2
-  if $cleanup; then rm -rf "$job_work"; fi
-}
-
-if $loop; then
-  while true; do run_once; $dry_run && break; sleep 5; done
-else
-  run_once
+if $dry_run; then
+  echo "$pipeline runners jit --org $org --group '$group' --labels $labels --name $name --repo $repo --out <job dir>/jit (0600)"
+  echo "cp -a $runner_dir <job dir>/runner; HOME/TMPDIR/caches in <job dir>; ACTIONS_RUNNER_INPUT_JITCONFIG=<file> <job dir>/runner/run.sh; rm -rf <job dir>"
+  exit 0
 fi
+[ -x "$runner_dir/run.sh" ] || die "$runner_dir/run.sh not found: unpack the actions/runner release there"
+
+umask 077
+job="$(mktemp -d "$scratch/gitops-runner.XXXXXX")"
+cleanup() { rm -rf "$job"; }
+trap cleanup EXIT
+mkdir -p "$job/home" "$job/tmp" "$job/cache"
+cp -a "$runner_dir/." "$job/runner/"
+
+GITHUB_REPOSITORY="$repo" "$pipeline" runners jit --org "$org" --group "$group" --labels "$labels" \
+  --name "$name" --repo "$repo" --out "$job/jit"
+
+# The job sees only these: a fresh HOME, TMPDIR and caches, and no token of ours.
+status=0
+(
+  cd "$job/runner"
+  ACTIONS_RUNNER_INPUT_JITCONFIG="$(cat "$job/jit")"
+  rm -f "$job/jit"
+  export ACTIONS_RUNNER_INPUT_JITCONFIG
+  exec env -u GITHUB_TOKEN -u GITHUB_RUNNERS_TOKEN HOME="$job/home" TMPDIR="$job/tmp" \
+    XDG_CACHE_HOME="$job/cache" PIP_CACHE_DIR="$job/cache/pip" HF_HOME="$job/cache/hf" ./run.sh
+) || status=$?
+[ "$status" -eq 0 ] || echo "register-runner: runner exited with $status" >&2
+exit "$status"

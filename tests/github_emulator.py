@@ -11,7 +11,7 @@ Only the endpoints the project uses are implemented:
 
     GET    /rate_limit                                   GET /user
     GET    /repos/{o}/{r}
-    GET    /repos/{o}/{r}/pulls/{n}      .../files       .../reviews
+    GET    /repos/{o}/{r}/pulls/{n}      .../files       .../reviews     .../commits
     GET    /repos/{o}/{r}/issues/{n}     .../labels (GET, POST)   .../events
     GET    /repos/{o}/{r}/issues/{n}/comments (paginated)   POST (create)
     GET    /repos/{o}/{r}/issues/comments/{id}   PATCH   DELETE
@@ -22,6 +22,8 @@ Only the endpoints the project uses are implemented:
     GET    /repos/{o}/{r}/commits/{sha}/pulls           (the PRs a commit belongs to / was merged by)
     GET    /repos/{o}/{r}/contents/{path}?ref=          (files of a commit: `add_tree` or a git repo)
     GET    /repos/{o}/{r}/actions/runs/{id}             (workflow runs: `add_workflow_run`)
+    GET    /orgs/{org}/actions/runner-groups            (`add_runner_group`)
+    POST   /orgs/{org}/actions/runners/generate-jitconfig (just-in-time runners; bodies in `jit_requests`)
 
 Tokens: `token` never expires; `issue_token(ttl)` mints one that answers 401 after `ttl`
 seconds, like a job's GITHUB_TOKEN after its lifetime. `latency` delays every request
@@ -101,6 +103,15 @@ class Repo:
     commits: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # PR -> its commits, oldest first
 
 
+@dataclass
+class Org:
+    """An organisation's runner groups and the just-in-time runners registered in them."""
+
+    login: str
+    runner_groups: dict[int, dict[str, Any]] = field(default_factory=dict)
+    runners: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
 class GitHubEmulator:
     """The server, its state (inspect it in asserts) and the fault-injection switchboard."""
 
@@ -112,6 +123,8 @@ class GitHubEmulator:
         self.users: dict[str, dict[str, Any]] = {}
         self.permissions: dict[tuple[str, str], str] = {}
         self.repos: dict[str, Repo] = {}
+        self.orgs: dict[str, Org] = {}
+        self.jit_requests: list[dict[str, Any]] = []  # bodies of generate-jitconfig calls
         self.faults: list[Fault] = []
         self.log: list[list[Any]] = []  # [method, path, status]; status 0 until answered (or dropped)
         self.registration_tokens: list[str] = []
@@ -362,6 +375,20 @@ class GitHubEmulator:
             pr["labels"].append(self._label(repo, name))
         r.events[number].append({"id": self._next_id(), "event": "labeled", "actor": actor, "label": name,
                                  "created_at": _now_iso()})
+
+    def add_runner_group(self, org: str, name: str, *, default: bool = False, restricted_to_workflows: bool = False,
+                         selected_workflows: list[str] | tuple[str, ...] = (), allows_public_repositories: bool = False,
+                         visibility: str = "selected") -> int:
+        """A runner group of organisation `org` (created on first use), as the REST API shows it."""
+        o = self.orgs.setdefault(org, Org(org))
+        gid = self._next_id()
+        o.runner_groups[gid] = {"id": gid, "name": name, "visibility": visibility, "default": default,
+                                "inherited": False, "allows_public_repositories": allows_public_repositories,
+                                "restricted_to_workflows": restricted_to_workflows,
+                                "selected_workflows": list(selected_workflows),
+                                "workflow_restrictions_read_only": False,
+                                "runners_url": f"{self.base_url}/orgs/{org}/actions/runner-groups/{gid}/runners"}
+        return gid
 
     def add_runner(
         self, repo: str, *, name: str, labels: list[str] | tuple[str, ...], status: str = "online",
@@ -825,6 +852,35 @@ def _r_registration_token(em: GitHubEmulator, q: dict, body: Any, owner: str, re
     return 201, {"token": token, "expires_at": expires}, {}
 
 
+def _r_runner_groups(em: GitHubEmulator, q: dict, body: Any, org: str) -> tuple[int, Any, dict]:
+    o = em.orgs.get(org)
+    if o is None:
+        return 404, {"message": "Not Found"}, {}
+    groups = list(o.runner_groups.values())
+    return 200, {"total_count": len(groups), "runner_groups": groups}, {}
+
+
+def _r_generate_jitconfig(em: GitHubEmulator, q: dict, body: Any, org: str) -> tuple[int, Any, dict]:
+    """As GitHub: name, runner_group_id, labels (1-100) required; 409 for a taken name."""
+    o = em.orgs.get(org)
+    if o is None:
+        return 404, {"message": "Not Found"}, {}
+    if not isinstance(body, dict) or not body.get("name") or not body.get("labels") or \
+            int(body.get("runner_group_id", 0)) not in o.runner_groups:
+        return 422, {"message": "Validation Failed"}, {}
+    if any(r["name"] == body["name"] for r in o.runners.values()):
+        return 409, {"message": "Already exists - A runner with the same name already exists."}, {}
+    em.jit_requests.append(dict(body))
+    rid = em._next_id()
+    runner = {"id": rid, "name": body["name"], "os": "unknown", "status": "offline", "busy": False,
+              "runner_group_id": int(body["runner_group_id"]),
+              "labels": [{"id": i + 1, "name": n, "type": "custom" if n != "self-hosted" else "read-only"}
+                         for i, n in enumerate(body["labels"])]}
+    o.runners[rid] = runner
+    config = "eyJ" + secrets.token_hex(24)  # base64-looking, opaque
+    return 201, {"runner": runner, "encoded_jit_config": config}, {}
+
+
 def _r_commit_pulls(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: str, sha: str) -> tuple[int, Any, dict]:
     r = em._repo(owner, repo)
     found = [pr for pr in r.pulls.values() if sha in (pr.get("merge_commit_sha"), (pr.get("head") or {}).get("sha"))]
@@ -916,6 +972,8 @@ _ROUTES = [
     (_O + r"/actions/runners/(?P<rid>\d+)", "GET", _r_runner),
     (_O + r"/actions/runners/(?P<rid>\d+)", "DELETE", _r_delete_runner),
     (_O + r"/actions/runners/registration-token", "POST", _r_registration_token),
+    (r"/orgs/(?P<org>[^/]+)/actions/runner-groups", "GET", _r_runner_groups),
+    (r"/orgs/(?P<org>[^/]+)/actions/runners/generate-jitconfig", "POST", _r_generate_jitconfig),
     (_O + r"/commits/(?P<sha>[0-9a-f]{40})/pulls", "GET", _r_commit_pulls),
     (_O + r"/contents/(?P<path>.+)", "GET", _r_contents),
     (_O + r"/actions/runs/(?P<rid>\d+)", "GET", _r_workflow_run),

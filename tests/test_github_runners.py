@@ -106,30 +106,103 @@ def test_runner_commands(gh: GitHubEmulator, tmp_path: Path, monkeypatch: pytest
     assert split.exit_code == 0 and "gpu-a" in split.output
 
 
-SCRIPT = Path(__file__).resolve().parents[1] / "pipelines" / "github" / "ephemeral-runner.sh"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "pipelines" / "github" / "ephemeral-runner.sh"
+REGISTER = ROOT / "scripts" / "register-runner.sh"
+GATE = f"{REPO}/.github/workflows/experiment-train.yml@refs/heads/main"
+
+
+@pytest.mark.unit
+def test_only_a_group_limited_to_the_train_workflow_on_main_is_the_gpu_pool() -> None:
+    """Issue 19 item 3: repository runners (or a group any workflow may use) let a writer's
+    branch workflow with `runs-on: [self-hosted, gpu]` skip /train, authorize and the reviewers."""
+    from pipelines.github.client import RunnerGroup
+    from pipelines.github.runners import group_problems
+
+    def g(**kw: object) -> RunnerGroup:
+        values: dict = dict(id=1, name="gpu-pool", default=False, restricted_to_workflows=True,
+                            selected_workflows=(GATE,), allows_public_repositories=False, visibility="selected")
+        values.update(kw)
+        return RunnerGroup(**values)
+
+    assert group_problems(g(), repo=REPO) == []
+    assert group_problems(g(restricted_to_workflows=False, selected_workflows=()), repo=REPO)
+    assert group_problems(g(selected_workflows=(GATE.replace("refs/heads/main", "refs/heads/dev"),)), repo=REPO)
+    assert group_problems(g(selected_workflows=(GATE, f"{REPO}/.github/workflows/ci.yml@refs/heads/main")),
+                          repo=REPO)
+    assert group_problems(g(default=True), repo=REPO) and group_problems(g(allows_public_repositories=True), repo=REPO)
+
+
+def _fake_runner(tmp_path: Path) -> Path:
+    """A stand-in for the actions/runner release: run.sh records what the job would see."""
+    runner_dir = tmp_path / "actions-runner"
+    runner_dir.mkdir()
+    (runner_dir / "run.sh").write_text(
+        '#!/bin/sh\n{ echo "args=$*"; echo "jit=$ACTIONS_RUNNER_INPUT_JITCONFIG"; echo "home=$HOME"; '
+        'echo "tmp=$TMPDIR"; echo "pip=$PIP_CACHE_DIR"; echo "token=${GITHUB_TOKEN:-}${GITHUB_RUNNERS_TOKEN:-}"; '
+        'echo "pwd=$(pwd)"; } > "$RECORD"\necho left-behind > "$HOME/state"\necho ran one job\n')
+    (runner_dir / "run.sh").chmod(0o755)
+    return runner_dir
 
 
 @pytest.mark.integration
-def test_ephemeral_runner_script_registers_with_a_fresh_token(gh: GitHubEmulator, tmp_path: Path) -> None:
+def test_a_jit_runner_takes_one_job_in_fresh_folders_without_a_registration_token(gh: GitHubEmulator,
+                                                                                   tmp_path: Path) -> None:
     import os
     import subprocess
     import sys
 
     emulated_repo(gh)
-    runner_dir = tmp_path / "actions-runner"
-    runner_dir.mkdir()
-    (runner_dir / "config.sh").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > config.args\n')
-    (runner_dir / "run.sh").write_text("#!/bin/sh\necho ran one job\n")
-    for f in runner_dir.iterdir():
-        f.chmod(0o755)
-    env = {**os.environ, "GITHUB_TOKEN": gh.token, "GITHUB_API_URL": gh.base_url, "GITHUB_REPOSITORY": REPO,
-           "RUNNER_DIR": str(runner_dir), "RUNNER_NAME": "node-1", "PIPELINE": str(Path(sys.executable).parent / "pipeline"),
-           "PIPELINE_GITHUB_SECONDS_BETWEEN_WRITES": "0"}
-    done = subprocess.run([str(SCRIPT), "gpu,h100"], env=env, capture_output=True, text=True, timeout=120)
+    gid = gh.add_runner_group("acme", "gpu-pool", restricted_to_workflows=True, selected_workflows=[GATE])
+    gh.add_runner_group("acme", "Default", default=True)
+    _fake_runner(tmp_path).rename(tmp_path / "runner-release")  # read only: copied per job
+    record, scratch = tmp_path / "record", tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**os.environ, "GITHUB_RUNNERS_TOKEN": gh.token, "GITHUB_API_URL": gh.base_url, "GITHUB_REPOSITORY": REPO,
+           "RUNNER_ORG": "acme", "RUNNER_GROUP": "gpu-pool", "RUNNER_NAME": "node-1", "RECORD": str(record),
+           "PIPELINE": str(Path(sys.executable).parent / "pipeline"), "HOME": str(tmp_path),
+           "PIPELINE_GITHUB_SECONDS_BETWEEN_WRITES": "0", "SLURM_TMPDIR": str(scratch)}
+    env.pop("GITHUB_TOKEN", None)
+    done = subprocess.run([str(REGISTER), "--org", "acme", "--group", "gpu-pool", "--labels", "gpu,h100",
+                           "--repo", REPO, "--name", "node-1", "--runner-dir", str(tmp_path / "runner-release"),
+                           "--scratch", str(scratch)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "ran one job" in done.stdout and gh.registration_tokens[0] not in done.stdout + done.stderr
-    args = (runner_dir / "config.args").read_text().split("\n")
-    assert "--ephemeral" in args and args[args.index("--token") + 1] == gh.registration_tokens[0]
-    assert args[args.index("--labels") + 1] == "gpu,h100"
-    bad = subprocess.run([str(SCRIPT), "gpu;reboot"], env=env, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "labels must be" in bad.stderr
+    seen = dict(line.split("=", 1) for line in record.read_text().splitlines())
+    (body,) = gh.jit_requests
+    assert body == {"name": "node-1", "runner_group_id": gid, "labels": ["self-hosted", "gpu", "h100"],
+                    "work_folder": "_work"}
+    assert seen["jit"].startswith("eyJ") and seen["args"] == ""  # the config in the environment, never argv
+    assert seen["jit"] not in done.stdout + done.stderr and seen["token"] == ""
+    assert not gh.registration_tokens  # no registration token was ever minted
+    for key in ("home", "tmp", "pip", "pwd"):
+        assert seen[key].startswith(str(scratch)), (key, seen[key])
+    assert list(scratch.iterdir()) == []  # the job's folders (and what it left in HOME) are gone
+    assert not (tmp_path / "runner-release" / "state").exists()
+
+
+@pytest.mark.integration
+def test_no_runner_in_a_group_any_workflow_can_use(gh: GitHubEmulator, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    emulated_repo(gh)
+    gh.add_runner_group("acme", "open-pool")  # not restricted to workflows
+    env = {"GITHUB_TOKEN": gh.token, "GITHUB_API_URL": gh.base_url, "GITHUB_REPOSITORY": REPO,
+           "PIPELINE_GITHUB_SECONDS_BETWEEN_WRITES": "0", "PIPELINE_GITHUB_SECONDS_BETWEEN_REQUESTS": "0"}
+    out = tmp_path / "jit"
+    result = CliRunner().invoke(app, ["runners", "jit", "--org", "acme", "--group", "open-pool", "--labels", "gpu",
+                                      "--out", str(out)], env=env)
+    assert result.exit_code != 0 and "not restricted to selected workflows" in result.output
+    assert gh.jit_requests == [] and not out.exists()
+
+
+@pytest.mark.unit
+def test_the_scripts_refuse_reuse_and_registration_tokens(tmp_path: Path) -> None:
+    import subprocess
+
+    for bad, why in ((["--loop"], "refused"), (["--token", "x"], "not used")):
+        done = subprocess.run([str(REGISTER), *bad], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and why in done.stderr
+    text = REGISTER.read_text() + SCRIPT.read_text()
+    assert "config.sh" not in text and "registration-token" not in text and "runners token" not in text

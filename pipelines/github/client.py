@@ -157,6 +157,28 @@ class WorkflowRunInfo:
     head_branch: str
 
 
+@dataclass(frozen=True)
+class RunnerGroup:
+    """An organisation's runner group (`GET /orgs/{org}/actions/runner-groups`)."""
+
+    id: int
+    name: str
+    default: bool
+    restricted_to_workflows: bool
+    selected_workflows: tuple[str, ...]
+    allows_public_repositories: bool
+    visibility: str
+
+
+@dataclass(frozen=True)
+class JitRunner:
+    """A just-in-time runner: registered for one job, configured by `encoded_jit_config`."""
+
+    id: int
+    name: str
+    encoded_jit_config: str
+
+
 class RunnerHost(Protocol):
     """Self-hosted runner administration."""
 
@@ -549,6 +571,37 @@ class PyGithubHost:
 
     def remove_runner(self, runner_id: int) -> None:
         self._do(f"remove runner {runner_id}", lambda: self.repo.remove_self_hosted_runner(runner_id))
+
+    # Organisation runners (just-in-time) ------------------------------------
+
+    def _org_url(self, org: str) -> str:
+        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}", org), org
+        return f"/orgs/{org}"
+
+    def runner_groups(self, org: str) -> list[RunnerGroup]:
+        def call() -> list[RunnerGroup]:
+            _, data = self.gh.requester.requestJsonAndCheck(
+                "GET", f"{self._org_url(org)}/actions/runner-groups", parameters={"per_page": 100})
+            return [RunnerGroup(id=int(g["id"]), name=str(g["name"]), default=bool(g.get("default")),
+                                restricted_to_workflows=bool(g.get("restricted_to_workflows")),
+                                selected_workflows=tuple(str(w) for w in g.get("selected_workflows") or ()),
+                                allows_public_repositories=bool(g.get("allows_public_repositories")),
+                                visibility=str(g.get("visibility", "")))
+                    for g in (data or {}).get("runner_groups", [])]
+
+        return self._do(f"list the runner groups of {org}", call)
+
+    def generate_jitconfig(self, org: str, body: dict[str, object]) -> JitRunner:
+        """`POST /orgs/{org}/actions/runners/generate-jitconfig`: one runner for one job. Not
+        retried (each call registers a runner)."""
+
+        def call() -> JitRunner:
+            _, data = self.gh.requester.requestJsonAndCheck(
+                "POST", f"{self._org_url(org)}/actions/runners/generate-jitconfig", input=body)
+            return JitRunner(id=int(data["runner"]["id"]), name=str(data["runner"]["name"]),
+                             encoded_jit_config=str(data["encoded_jit_config"]))
+
+        return self._do(f"generate a just-in-time runner in {org}", call)
 
 
 def _comment(c: Any) -> Comment:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from pipelines.github.client import Runner, RunnerHost
+from pipelines.github.client import Runner, RunnerGroup, RunnerHost
 from validation.errors import UsageError
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -105,3 +105,44 @@ def format_table(runners: Sequence[Runner]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4]
                      for row in rows)
+
+
+# --------------------------------------------------------------------------- just-in-time runners
+
+TRAIN_WORKFLOW_FILE = ".github/workflows/experiment-train.yml"
+_LABEL = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+_RUNNER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def gate_workflow_ref(repo: str, default_branch: str = "main") -> str:
+    """The one workflow a GPU runner group may serve: the train workflow on the default branch."""
+    return f"{repo}/{TRAIN_WORKFLOW_FILE}@refs/heads/{default_branch}"
+
+
+def group_problems(group: RunnerGroup, *, repo: str, default_branch: str = "main") -> list[str]:
+    """Why a runner group is not the gate-only pool ([] = it is): restricted to the train workflow on
+    the default branch, never to public repositories, and not the org's default group (pure)."""
+    want = gate_workflow_ref(repo, default_branch)
+    problems = []
+    if group.default:
+        problems.append(f"runner group `{group.name}` is the organisation's default group (every repository uses it)")
+    if not group.restricted_to_workflows:
+        problems.append(f"runner group `{group.name}` is not restricted to selected workflows")
+    elif tuple(group.selected_workflows) != (want,):
+        problems.append(f"runner group `{group.name}` serves {', '.join(group.selected_workflows) or 'no workflow'}; "
+                        f"it must serve exactly {want}")
+    if group.allows_public_repositories:
+        problems.append(f"runner group `{group.name}` allows public repositories")
+    return problems
+
+
+def jit_request(*, name: str, labels: Sequence[str], group_id: int, work_folder: str = "_work") -> dict[str, object]:
+    """The body of `POST /orgs/{org}/actions/runners/generate-jitconfig` (validated, pure)."""
+    if not _RUNNER_NAME.match(name):
+        raise UsageError(f"runner name {name!r}: letters, digits, '.', '_' or '-'")
+    bad = [label for label in labels if not _LABEL.match(label)]
+    if bad or not labels:
+        raise UsageError(f"labels {','.join(labels)!r}: lower-case letters, digits, '.', '_' or '-'")
+    if "self-hosted" not in labels:
+        labels = ("self-hosted", *labels)
+    return {"name": name, "runner_group_id": group_id, "labels": list(labels), "work_folder": work_folder}
