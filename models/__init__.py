@@ -266,7 +266,7 @@ def architectures() -> dict[str, type[Architecture]]:
 
 
 @cache
-def optimizers() -> dict[str, type[OptimizerConfig]]:
+def optimizer_configs() -> dict[str, type[OptimizerConfig]]:
     """name -> Config class, for every optimizer file under models/optimizers/."""
     found: dict[str, type[OptimizerConfig]] = {}
     for name in _module_names(MODELS_DIR / OPTIMIZERS_PACKAGE):
@@ -332,4 +332,4 @@ def load_exported(directory: str | Path) -> Any:
 
 
 __all__ = ["EXPORT_FILE", "load_exported", "Architecture", "ExportNote", "OptimizerConfig", "ParamRole", "PluginError", "PluginSection",
-           "TPStyle", "architectures", "optimizers", "source_files", "source_hash"]
+           "TPStyle", "architectures", "optimizer_configs", "source_files", "source_hash"]

@@ -87,7 +87,10 @@ def _write_spec(run_dir: Path, ranks: int, alerts: dict[str, Any] | None, train:
     spec["resource"] = {"cpu_processes": ranks // nodes} | ({"nodes": nodes} if nodes > 1 else {})
     if parallel:
         spec["parallel"] = parallel
-    spec["model"] |= model or {}
+    if model and "model_type" in model:  # another architecture: its own fields, nothing inherited
+        spec["model"] = model
+    else:
+        spec["model"] |= model or {}
     if alerts:
         spec["alerts"] = alerts
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from models import Architecture, OptimizerConfig, architectures, optimizers
+from models import Architecture, OptimizerConfig, architectures, optimizer_configs
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{2,63}$"
 SOURCE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -113,7 +113,7 @@ def _union(classes: dict[str, type[BaseModel]], key: str) -> Any:
 
 ARCHITECTURES: dict[str, type[Architecture]] = architectures()
 """model_type -> config class, one per file under models/ (`models.architectures`)."""
-OPTIMIZERS: dict[str, type[OptimizerConfig]] = optimizers()
+OPTIMIZERS: dict[str, type[OptimizerConfig]] = optimizer_configs()
 """optimizer name -> config class, one per file under models/optimizers/."""
 
 ModelSpec = Architecture
@@ -377,6 +377,15 @@ class SweepSpec(Section):
     """Lower or higher is better (defaults from the hypothesis direction); ties go to the cheaper trial."""
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
     """Seed of the random sampler."""
+    parallel: Annotated[int, Field(ge=1, le=32)] = 1
+    """Trials trained at once, each its own job on the experiment's launcher."""
+    selection_seeds: Annotated[int, Field(ge=1, le=4)] = 1
+    """Seeds each trial trains on to pick the winner. They are never hypothesis seeds: the winner
+    is trained again on `hypothesis.seeds` fresh seeds and judged on those only."""
+    prune: bool = True
+    """Stop trials early by successive halving (Optuna) on the selection metric at each eval."""
+    reduction_factor: Annotated[int, Field(ge=2, le=8)] = 2
+    """Successive halving keeps about 1 / reduction_factor of the trials at each rung."""
 
     @field_validator("parameters")
     @classmethod
