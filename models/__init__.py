@@ -235,6 +235,17 @@ class PluginError(Exception):
     """A file under models/ does not follow the contract (its path and what is wrong)."""
 
 
+def _where(module_name: str, exc: BaseException) -> str:
+    """`models/x.py:LINE` of the failure inside the plug-in's own file (or just the file)."""
+    import traceback
+
+    rel = module_name.replace(".", "/") + ".py"
+    if isinstance(exc, SyntaxError) and exc.lineno:
+        return f"{rel}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith(rel)]
+    return f"{rel}:{frames[-1].lineno}" if frames else rel
+
+
 def _module_names(package_dir: Path) -> list[str]:
     return sorted(info.name for info in pkgutil.iter_modules([str(package_dir)])
                   if not info.name.startswith("_") and info.name != OPTIMIZERS_PACKAGE)
@@ -243,8 +254,9 @@ def _module_names(package_dir: Path) -> list[str]:
 def _load(module_name: str, base: type[PluginSection], key: str, stem: str) -> type[PluginSection]:
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # a broken plug-in names itself, not a traceback deep in pydantic
-        raise PluginError(f"{module_name.replace('.', '/')}.py: cannot import: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # a broken plug-in names itself (file:line), not a traceback deep in pydantic
+        raise PluginError(f"{_where(module_name, exc)}: cannot import: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
     config = getattr(module, "Config", None)
     if not (isinstance(config, type) and issubclass(config, base)):
         raise PluginError(f"{module_name.replace('.', '/')}.py: defines no `Config` subclass of {base.__name__}")

@@ -38,11 +38,30 @@ def _register() -> None:
         module.register(app)
 
 
-_register()
+try:
+    _register()
+    _PLUGIN_ERROR: Exception | None = None
+except Exception as exc:  # noqa: BLE001 - only a broken file under models/ is expected here
+    from models import PluginError
+
+    if not isinstance(exc, PluginError):
+        raise
+    _PLUGIN_ERROR = exc
 
 
 def main() -> None:
-    app()
+    import sys
+
+    from models import PluginError
+
+    if _PLUGIN_ERROR is not None:  # one line naming the file and line, exit 2 (the input's fault)
+        print(f"error: {_PLUGIN_ERROR}", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        app()
+    except PluginError as exc:  # an architecture or optimizer file that does not import or keep the contract
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Thin entry point of the execution layer: parse, build, run, close.
 
-Exit codes: 0 finished; 5 failed or stopped (see result.json); 143 preempted by SIGTERM
-after saving a checkpoint (orchestration resumes the run); 2 bad arguments.
+Exit codes: 0 finished; 5 failed or stopped (see result.json); 14 failed before the first
+step (startup: the same error would repeat, so launchers do not relaunch; result.json names
+the first error line); 143 preempted by SIGTERM after saving a checkpoint (orchestration
+resumes the run); 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -24,13 +26,74 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+# A failure before the first step whose message says the machinery, not the job, broke
+# (a peer lost during rendezvous, a store timeout) is still relaunched.
+TRANSIENT_WORDS = ("connection reset", "connection refused", "connection closed", "timed out", "timeout",
+                   "broken pipe", "rendezvous", "nccl", "address already in use", "peer")
+
+
+def first_error_line(exc: BaseException) -> str:
+    """`Type: first line of the message`: what the console and the PR comment show."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def record_startup_failure(run_dir: Path, exc: BaseException) -> bool:
+    """Write result.json "failed" / "startup_failure" for a deterministic failure before the
+    first step (each rank may; the same content, atomic). Returns False for a transient one."""
+    import json
+    import os
+    import time
+
+    line = first_error_line(exc)
+    if any(word in line.lower() for word in TRANSIENT_WORDS):
+        return False
+    rank = os.environ.get("RANK", "0")
+    result = {"status": "failed", "stop_reason": "startup_failure", "error": line,
+              "reason": f"failed before the first step on rank {rank}: {line}", "rank": int(rank),
+              "finished_unix": time.time()}
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = run_dir / f".result.json.rank{rank}.tmp"
+        tmp.write_text(json.dumps(result, indent=2))
+        os.replace(tmp, run_dir / "result.json")
+    except OSError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the job; a deterministic failure before the first step exits 14 (not relaunched)."""
+    import traceback
+
+    args = parse_args(argv)
+    state: dict[str, object] = {"trainer": None}
+    try:
+        return _main(args, state)
+    except Exception as exc:  # noqa: BLE001 - classified: startup (deterministic) or a crash (retried)
+        if state.get("joined") and not _started(state) and record_startup_failure(args.run_dir, exc):
+            traceback.print_exc()
+            print(f"error: failed before the first step: {first_error_line(exc)} (not relaunched: it would fail "
+                  "the same way)", file=sys.stderr)
+            return 14
+        raise
+
+
+def _main(args: argparse.Namespace, state: dict[str, object]) -> int:
     from validation.environment import apply_offline_env
 
     apply_offline_env()
-    args = parse_args(argv)
     from validation.errors import PipelineError
-    from validation.resolved import load_resolved
+
+    try:
+        from validation.resolved import load_resolved  # imports every file under models/
+    except Exception as exc:  # a broken architecture file: deterministic, never relaunched
+        from models import PluginError
+
+        if not isinstance(exc, PluginError):
+            raise
+        state["joined"] = True
+        raise
 
     try:
         # The resolve step's output: the spec to run (seed set, layout explicit and checked
@@ -48,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # Before anything is written: one job per run directory, and die with the launcher.
         join_job(args.run_dir)
+        state["joined"] = True
         from trainer.loop import Trainer
 
         overfit = False
@@ -60,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             overfit = True
         trainer = Trainer(spec, args.run_dir, args.data_dir, tracking_uri=uri, overfit_one_batch=overfit,
                           peak=resolved.compute.peak.device())
+        state["trainer"] = trainer
         _, code = trainer.run()
         return code
     except Exception as exc:  # noqa: BLE001 - a full disk anywhere (checkpoint, export) is classified
@@ -70,7 +135,15 @@ def main(argv: list[str] | None = None) -> int:
             exc = disk_full_error(args.run_dir, "export" if ".model.tmp" in str(exc) else "run's files", exc)
         if isinstance(exc, DiskSpaceError):
             record_disk_full(args.run_dir, exc)  # result.json "failed"/"disk_full": not relaunched
+        elif state.get("joined") and not _started(state):
+            raise  # before the first step: `main` classifies it (startup failure or transient)
         if not isinstance(exc, PipelineError):
             raise
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+
+
+def _started(state: dict[str, object]) -> bool:
+    """Whether this attempt completed a training step (after that, a crash is relaunched)."""
+    trainer = state.get("trainer")
+    return trainer is not None and bool(getattr(trainer, "step_losses", None))

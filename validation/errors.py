@@ -45,6 +45,9 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode(12, "disk-space", "disk full: not enough free disk to start, or a checkpoint/export write ran out of space",
              retry=False),
     ExitCode(13, "artifact", "a stage reported success but its artifact is missing or broken", retry=True),
+    ExitCode(14, "startup", "training failed before its first step (model build, TP plan, vocab, an import error "
+             "in a model file): a relaunch would fail the same way; result.json and the console give the first "
+             "error line", retry=False),
 )
 _BY_CODE = {e.code: e for e in EXIT_CODES}
 assert len(_BY_CODE) == len(EXIT_CODES), "an exit code has two meanings"

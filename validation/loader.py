@@ -506,7 +506,23 @@ class _SpecLoader:
 
         for violation in rules.check(spec):
             self.add_at(doc, violation.path, violation.message)
+        self.check_local_tokenizer(doc, spec)
         return spec
+
+    def check_local_tokenizer(self, doc: _Doc, spec: ExperimentSpec) -> None:
+        """A local tokenizer must fit the embedding: its `tokenizer.json` read as JSON (no
+        tokenizers, no torch). Reproduced on the old main: 4,096 tokens with
+        `model.vocab_size: 2048` passed validate, prepare, checks and smoke, then failed
+        training four times."""
+        tok = spec.data.tokenizer
+        path = ("data", "tokenizer", "path")
+        if tok.kind != "local" or not tok.path or path in doc.poisoned:
+            return
+        file = Path(tok.path) if os.path.isabs(tok.path) else self.repo_root / tok.path
+        size = tokenizer_file_vocab(file / "tokenizer.json")
+        if size is not None and size > spec.model.vocab_size:
+            self.add_at(doc, path, f"{tok.path}/tokenizer.json has {size:,} tokens but model.vocab_size is "
+                                   f"{spec.model.vocab_size:,}: raise model.vocab_size to at least {size}")
 
     def read_chain(self, path: Path, stack: list[Path]) -> _Doc | None:
         doc = self.parse_file(path)
@@ -973,6 +989,28 @@ def _field_names(path: PathKey, data: Any = None) -> list[str]:
     if model is None:
         return []
     return [(f.alias or name) for name, f in model.model_fields.items()]
+
+
+def tokenizer_file_vocab(path: Path) -> int | None:
+    """Token ids a `tokenizer.json` can produce (largest id + 1 over the model's vocabulary and
+    the added tokens); None when the file is absent or not a tokenizer. Plain JSON: no torch."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    vocab = model.get("vocab")
+    ids: list[int] = []
+    if isinstance(vocab, dict):
+        ids += [v for v in vocab.values() if isinstance(v, int)]
+    elif isinstance(vocab, list):  # unigram: [[piece, score], ...]
+        ids.append(len(vocab) - 1)
+    ids += [t["id"] for t in data.get("added_tokens") or [] if isinstance(t, dict) and isinstance(t.get("id"), int)]
+    return max(ids) + 1 if ids else None
 
 
 def _data_paths(data: dict[str, Any]) -> list[tuple[PathKey, Any]]:
