@@ -144,3 +144,36 @@ def test_run_dirs_are_reused_and_resolvable(tmp_path: Path, monkeypatch: pytest.
     assert finished_training_runs(tmp_path) == {}
     atomic_write_json(seed / "result.json", {"status": "finished"})
     assert finished_training_runs(tmp_path) == {"k1": seed}
+
+
+def test_adding_an_architecture_keeps_the_code_version_of_runs_that_do_not_use_it(git_repo: Path) -> None:
+    """Issue 23, part 5: a run's code version covers the framework plus the architecture and
+    optimizer files it uses, so a PR adding models/<new>.py reuses the baseline's runs."""
+    def commit(message: str) -> None:
+        _git(git_repo, "-c", "user.email=a@b", "-c", "user.name=a", "add", "-A")
+        _git(git_repo, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", message)
+
+    (git_repo / "models" / "optimizers").mkdir(parents=True)
+    for rel in ("models/__init__.py", "models/_hf.py", "models/llama.py", "models/optimizers/__init__.py",
+                "models/optimizers/adamw.py", "models/optimizers/muon.py"):
+        (git_repo / rel).write_text(f"# {rel}\n")
+    commit("models")
+    base = code_version(git_repo, "llama", "adamw")
+    # The PR: a new architecture file and its experiment; nothing else.
+    (git_repo / "models" / "llama_new.py").write_text("# a new attention variant\n")
+    (git_repo / "experiments" / "new.yaml").write_text("name: new\n")
+    assert code_version(git_repo, "llama", "adamw").tree == base.tree  # uncommitted: still the same
+    commit("new architecture")
+    assert code_version(git_repo, "llama", "adamw").tree == base.tree
+    assert code_version(git_repo, "llama_new", "adamw").tree != base.tree
+    # What a llama run executes does move it: its own file, the contract, its optimizer.
+    for rel in ("models/llama.py", "models/_hf.py", "models/__init__.py", "models/optimizers/adamw.py"):
+        before = code_version(git_repo, "llama", "adamw").tree
+        (git_repo / rel).write_text((git_repo / rel).read_text() + "# edit\n")
+        assert code_version(git_repo, "llama", "adamw").tree != before, rel
+        commit(rel)
+    # Another optimizer's file does not.
+    before = code_version(git_repo, "llama", "adamw").tree
+    (git_repo / "models" / "optimizers" / "muon.py").write_text("# tuned\n")
+    commit("muon")
+    assert code_version(git_repo, "llama", "adamw").tree == before
