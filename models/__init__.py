@@ -338,7 +338,7 @@ def load_exported(directory: str | Path) -> Any:
     if missing or unexpected:
         raise ValueError(f"{directory}: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if arch.tie_word_embeddings and hasattr(model, "tie_weights"):
-        model.tie_weights()
+        model.tie_weights()  # type: ignore[operator]
     model.eval()
     return model
 

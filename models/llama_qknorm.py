@@ -80,8 +80,8 @@ def transformers_classes() -> tuple[Any, Any]:
     import torch
     from torch import nn
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.llama.modeling_llama import (
-        ALL_ATTENTION_FUNCTIONS,
         LlamaAttention,
         LlamaRMSNorm,
         apply_rotary_pos_emb,

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from models import EXPORT_FILE
 from trainer import checkpoint as ckpt
 from trainer import record
 from trainer.checkpointing import CheckpointGlue, ShardedCheckpointGlue
@@ -35,7 +36,6 @@ from trainer.collectives import Collectives
 from trainer.evaluation import Evaluator, update_best
 from trainer.faults import FaultPlan
 from trainer.host_memory import keep_freed_memory_in_heap
-from models import EXPORT_FILE
 from trainer.model import parameter_count
 from trainer.monitor import (
     DIVERGED_KINDS,

@@ -940,7 +940,7 @@ def _model_at(path: PathKey, data: Any = None) -> type[BaseModel] | None:
     for part in path:
         if model is None:
             return None
-        node = node[part] if isinstance(node, (dict, list)) and _has(node, part) else None
+        node = node[part] if isinstance(node, (dict, list)) and _has(node, part) else None  # type: ignore[index]
         if isinstance(part, int):
             continue
         fields = {(f.alias or name): f for name, f in model.model_fields.items()}
@@ -1002,7 +1002,7 @@ def tokenizer_file_vocab(path: Path) -> int | None:
         return None
     if not isinstance(data, dict):
         return None
-    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    model: dict[str, Any] = data["model"] if isinstance(data.get("model"), dict) else {}
     vocab = model.get("vocab")
     ids: list[int] = []
     if isinstance(vocab, dict):

@@ -241,7 +241,7 @@ class TrainSpec(Section):
     """Compute precision through accelerate (bf16 also works on CPUs with avx512_bf16)."""
     weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
     """Decoupled weight decay on matrices (norm weights and biases excluded)."""
-    optimizer: OptimizerUnion = OPTIMIZERS["adamw"]()
+    optimizer: OptimizerUnion = OPTIMIZERS["adamw"]()  # type: ignore[call-arg]  # its Literal name has a default
     """The optimizer and its own fields, selected by `name` (a file under models/optimizers/):
     `adamw` (default), `muon` (hidden matrices; AdamW on the rest), `adafactor`, `sgd`."""
     grad_clip: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0

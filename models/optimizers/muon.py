@@ -111,8 +111,7 @@ def optimizer_class() -> Any:
                     full = update.full_tensor()
                     full = _orthogonalise_on_owner(full, owner, group["ns_steps"], update.device_mesh)
                     owner += 1
-                    local = distribute_tensor(full, update.device_mesh, update.placements, src_data_rank=None)
-                    ortho = local
+                    ortho: Any = distribute_tensor(full, update.device_mesh, update.placements, src_data_rank=None)
                 else:
                     ortho = _zeropower_via_newtonschulz(update, (DEFAULT_A, DEFAULT_B, DEFAULT_C),
                                                         group["ns_steps"], 1e-7)
