@@ -84,6 +84,21 @@ class ExperimentResult:
         return Path(self.resolved.spec_file) if self.resolved.spec_file else None
 
 
+def _metric_rows(path: Path, metric: str) -> list[tuple[int, float]]:
+    """(step, value) of `metric` logged so far in a metrics.jsonl (a torn last line is skipped)."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("key") == metric and isinstance(row.get("value"), int | float):
+            rows.append((int(row.get("step", 0)), float(row["value"])))
+    return sorted(rows)
+
+
 class ExperimentFlow:
     """Runs the stages of experiments in one repository with shared caches."""
 
@@ -95,6 +110,8 @@ class ExperimentFlow:
         self.tracking_uri = self.options.tracking_uri or default_tracking_uri(repo)
         self.detached: list[tuple[str, int, Path, str, str]] = []
         """(experiment, seed, run dir, launcher, job id) submitted with --detach."""
+        self.sweep_tables: dict[str, str] = {}
+        """experiment -> the trial table its (winner's) report ends with."""
 
     def code_for(self, spec: Any) -> CodeVersion:
         """The code version of a run of `spec`: the framework plus the architecture and optimizer
@@ -185,50 +202,102 @@ class ExperimentFlow:
         return result
 
     def run_sweep(self, resolved: ResolvedExperiment, baseline: ExperimentResult | None) -> ExperimentResult:
-        """Every trial as a normal run (own identity, own run dir); the winner is the candidate."""
-        from pipelines.sweep import (
-            TrialOutcome,
-            expand_trials,
-            render_trials_markdown,
-            select_winner,
-            selection,
-        )
+        """Trials on the selection seeds, up to `sweep.parallel` at once, each a normal run (own
+        identity, own job on the launcher), pruned by successive halving at their evals; the
+        winner is then trained on the hypothesis seeds and judged on those only."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from pipelines import sweep as sw
 
         spec = resolved.spec
-        metric, mode = selection(spec)
-        outcomes: list[TrialOutcome] = []
-        results: dict[int, ExperimentResult] = {}
-        for trial in expand_trials(resolved):
-            try:
-                res = self.run_one(trial.resolved, role="trial", baseline=baseline)
-            except TrainingError as exc:  # a failed trial is reported, not hidden
-                outcomes.append(TrialOutcome(trial, "failed", None, str(exc).splitlines()[0][:200]))
-                continue
-            values, status, detail = [], "finished", ""
-            for d in res.seed_dirs:
-                result = read_json(d / "result.json") or {}
-                if result.get("status") != "finished":
-                    status, detail = str(result.get("status")), str(result.get("stop_reason") or "")
-                value = (result.get("final_metrics") or {}).get(metric)
-                if value is not None:
-                    values.append(float(value))
-            mean = sum(values) / len(values) if values and status == "finished" else None
-            outcomes.append(TrialOutcome(trial, status, mean, detail))
-            results[trial.index] = res
-        winner = select_winner(outcomes, mode)
-        table = render_trials_markdown(outcomes, winner, metric, mode)
+        config = spec.sweep
+        assert config is not None
+        metric, mode = sw.selection(spec)
+        trials = sw.expand_trials(resolved)
+        cost = sw.sweep_cost(trials, resolved, baseline.resolved if baseline is not None else None)
+        tier = sw.sweep_tier(cost, resolved)
+        self.reporter.stage(spec.name, "plan", "finished", f"sweep: {cost.describe()}; tier {tier.name}")
+        if tier.name == "refused":
+            raise PipelineError(f"sweep {spec.name}: {cost.describe()}: {tier.reason}")
+        for trial in trials:  # data once, before trials race for it
+            self._prepare(trial.spec)
+        total_steps = trials[0].resolved.compute.steps
+        pruner = (sw.SuccessiveHalving(mode, config.reduction_factor, min(spec.train.eval_interval, total_steps))
+                  if config.prune else None)
+
+        def run_trial(trial: sw.Trial) -> sw.TrialOutcome:
+            return self._run_trial(trial, metric, pruner, baseline, total_steps)
+
+        with ThreadPoolExecutor(max_workers=config.parallel, thread_name_prefix="trial") as pool:
+            outcomes = list(pool.map(run_trial, trials))
+        winner = sw.select_winner(outcomes, mode)
         if winner is None:
+            table = sw.render_trials_markdown(outcomes, None, metric, mode, total_steps=total_steps, cost=cost)
             raise TrainingError(f"sweep of {spec.name}: no trial finished\n{table}")
-        chosen = results[winner.trial.index]
-        chosen.extra["sweep_markdown"] = table
-        chosen.extra["sweep_winner"] = winner.trial.name
-        # The winner is the candidate: report it against the baseline, with the whole trial table.
-        stages = StageRunner(chosen.run_dir, f"sweep:{winner.trial.name}")
-        rep_stage = stages.run("report", lambda: self._report(chosen, baseline), force=True)
-        chosen.report_dir = Path(rep_stage.outputs["report_dir"])
-        chosen.verdict = rep_stage.outputs.get("verdict")
-        chosen.verdict_reason = rep_stage.outputs.get("verdict_reason", "")
+        # The winner, on fresh seeds: none of the hypothesis seeds took part in picking it.
+        confirm = sw.winner_experiment(resolved, winner.trial)
+        table = sw.render_trials_markdown(outcomes, winner, metric, mode, total_steps=total_steps,
+                                          selection=sw.selection_seeds(spec), decided=list(confirm.seeds), cost=cost)
+        self.sweep_tables[confirm.spec.name] = table  # the winner's report stage appends it
+        chosen = self.run_one(confirm, role="candidate", baseline=baseline)
+        chosen.extra.update(sweep_markdown=table, sweep_winner=winner.trial.name, sweep_outcomes=outcomes)
         return chosen
+
+    def _run_trial(self, trial: Any, metric: str, pruner: Any, baseline: ExperimentResult | None,
+                   total_steps: int) -> Any:
+        """One trial as a normal run; a watcher reports its selection metric at each eval to the
+        pruner and cancels the job when the pruner says so (the launcher does not retry a cancel)."""
+        import threading
+
+        from pipelines.sweep import TrialOutcome
+
+        spec = trial.spec
+        prepared = self._prepare_cached(spec)
+        run_dir = new_run_dir(self.repo, spec.name, experiment_key(self.code_for(spec), spec.spec_hash(), prepared.version,
+                                                                   list(trial.resolved.seeds)))
+        first = run_dir / "train" / f"seed-{trial.resolved.seeds[0]}"
+        stop = threading.Event()
+        pruned_at: list[int] = []
+        if pruner is not None:
+            pruner.start(trial.index)
+
+            def watch() -> None:
+                while not stop.wait(0.5):
+                    for row in _metric_rows(first / "metrics.jsonl", metric):
+                        if pruner.report(trial.index, *row):
+                            pruned_at.append(row[0])
+                            atomic_write_json(first / "pruned.json", {"step": row[0], "metric": metric})
+                            self.reporter.stage(spec.name, "train", "pruned", f"at step {row[0]} ({metric} {row[1]:.4g})")
+                            self._cancel_quietly(first)
+                            return
+
+            threading.Thread(target=watch, name=f"prune-{trial.name}", daemon=True).start()
+        try:
+            res = self.run_one(trial.resolved, role="trial", baseline=baseline)
+        except TrainingError as exc:  # a failed or pruned trial is reported, not hidden
+            stop.set()
+            if pruned_at:
+                if pruner is not None:
+                    pruner.finish(trial.index, None, pruned=True)
+                return TrialOutcome(trial, "pruned", None, pruned_at=pruned_at[0], steps_done=pruned_at[0])
+            if pruner is not None:
+                pruner.finish(trial.index, None, pruned=False)
+            return TrialOutcome(trial, "failed", None, str(exc).splitlines()[0][:200])
+        stop.set()
+        values, status, detail, steps = [], "finished", "", total_steps
+        for d in res.seed_dirs:
+            result = read_json(d / "result.json") or {}
+            if result.get("status") != "finished":
+                status, detail = str(result.get("status")), str(result.get("stop_reason") or "")
+            if isinstance(result.get("steps"), int):
+                steps = min(steps, int(result["steps"]))
+            value = (result.get("final_metrics") or {}).get(metric)
+            if value is not None:
+                values.append(float(value))
+        mean = sum(values) / len(values) if values and status == "finished" else None
+        if pruner is not None:
+            pruner.finish(trial.index, mean, pruned=False)
+        return TrialOutcome(trial, status, mean, detail, steps_done=steps)
 
     def run_one(
         self, resolved: ResolvedExperiment, *, role: str, baseline: ExperimentResult | None = None
@@ -539,9 +608,10 @@ class ExperimentFlow:
             mlflow_url=os.environ.get("PIPELINE_MLFLOW_PUBLIC_URL"),
             mlflow_client=self._mlflow_client(),
         )
-        if candidate.extra.get("sweep_markdown"):
+        table = candidate.extra.get("sweep_markdown") or self.sweep_tables.get(candidate.spec.name)
+        if table:
             md = out_dir / "report.md"
-            atomic_write_text(md, md.read_text(encoding="utf-8").rstrip("\n") + "\n\n" + candidate.extra["sweep_markdown"])
+            atomic_write_text(md, md.read_text(encoding="utf-8").rstrip("\n") + "\n\n" + table)
         from trainer.tracking import spool_notice
 
         notice = spool_notice(list(candidate.seed_dirs) + list(baseline.seed_dirs if baseline else []))

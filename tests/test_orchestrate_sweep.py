@@ -66,3 +66,138 @@ def test_winner_by_metric_then_cost_and_failures_stay_visible() -> None:
     table = render_trials_markdown(outcomes, outcomes[1], metric, mode)
     assert "stopped: early_stopping" in table and "lr-sweep-t2 **winner**" in table
     assert isinstance(small, Trial)
+
+
+# --------------------------------------------------------------------------- issue 20: sweeps that scale
+
+
+def test_trials_train_on_selection_seeds_and_the_winner_on_fresh_hypothesis_seeds() -> None:
+    from pipelines.sweep import SELECTION_SEED_OFFSET, selection_seeds, winner_experiment
+
+    data = SPEC | {"hypothesis": SPEC["hypothesis"] | {"seeds": 3}}
+    resolved = resolve_spec(ExperimentSpec.model_validate(data | {"sweep": {"parameters": {"train.lr": [1e-3, 3e-3]},
+                                                                           "selection_seeds": 2}}), ".")
+    trials = expand_trials(resolved)
+    picked = set(selection_seeds(resolved.spec))
+    first = resolved.spec.train.seed
+    assert picked == {first + SELECTION_SEED_OFFSET, first + SELECTION_SEED_OFFSET + 1}
+    assert all(set(t.resolved.seeds) == picked for t in trials)
+    confirm = winner_experiment(resolved, trials[1])
+    assert list(confirm.seeds) == [first, first + 1, first + 2] and not picked & set(confirm.seeds)  # never a selection seed
+    assert confirm.spec.name == "lr-sweep" and confirm.spec.sweep is None and confirm.spec.train.lr == 3e-3
+
+
+def test_cost_counts_trials_times_seeds_plus_the_winner_and_the_baseline() -> None:
+    """The review's case: a 4-trial H100 sweep was planned (and tiered) as one trial."""
+    from pipelines.sweep import sweep_cost, sweep_tier
+    from validation.preflight import make_plan
+
+    gpu = {"resource": {"gpus_per_node": 8, "gpu_type": "h100", "gpu_memory_gb": 80.0, "max_gpu_hours": 8.0},
+           "model": {"model_type": "llama", "hidden_size": 1024, "num_layers": 16, "num_heads": 16, "vocab_size": 32000},
+           "train": {"max_steps": 2000, "micro_batch_size": 8}, "data": SPEC["data"] | {"seq_len": 1024}}
+    data = SPEC | gpu | {"hypothesis": SPEC["hypothesis"] | {"seeds": 3}}
+    sweep = {"parameters": {"train.lr": [1e-4, 3e-4, 1e-3, 3e-3]}, "max_trials": 4}
+    resolved = resolve_spec(ExperimentSpec.model_validate(data | {"sweep": sweep}), ".")
+    base = resolve_spec(ExperimentSpec.model_validate(data | {"name": "base"}), ".", seeds=list(resolved.seeds))
+    trials = expand_trials(resolved)
+    one = make_plan(trials[0].spec).compute.device_hours
+    cost = sweep_cost(trials, resolved, base)
+    assert cost.total_device_hours == pytest.approx(4 * one + 3 * one + 3 * one, rel=1e-6)
+    assert cost.on_gpu and "4 trials x 1 selection seed(s)" in cost.describe()
+    # One trial plans as 0.34 GPU-hours, "small: 1 approval"; the sweep costs 10 of them: "large".
+    assert make_plan(resolved.spec).tier.name == "small"
+    assert sweep_tier(cost, resolved).name == "large"
+
+
+def test_successive_halving_prunes_the_worst_trials_at_a_rung() -> None:
+    from pipelines.sweep import SuccessiveHalving
+
+    pruner = SuccessiveHalving("min", reduction_factor=2, min_resource=10)
+    finals = {}
+    for index, loss in enumerate([2.0, 2.5, 3.0, 3.5]):  # trials run one after another here
+        pruner.start(index)
+        stopped = None
+        for step in (10, 20, 40, 80):
+            if pruner.report(index, step, loss + 1.0 / step):
+                stopped = step
+                break
+        pruner.finish(index, None if stopped else loss, pruned=stopped is not None)
+        finals[index] = stopped
+    assert finals[0] is None and any(v is not None for v in finals.values()), finals
+    assert not pruner.report(0, 10, 1.0)  # a finished trial reports nothing more
+
+
+def test_trial_table_shows_pruning_compute_and_which_seeds_decided() -> None:
+    spec = _spec({"parameters": {"train.lr": [0.001, 0.003, 0.01]}})
+    a, b, c = expand_trials(spec)
+    outcomes = [TrialOutcome(a, "finished", 2.0, steps_done=10), TrialOutcome(b, "pruned", None, pruned_at=4, steps_done=4),
+                TrialOutcome(c, "finished", 2.2, steps_done=10)]
+    table = render_trials_markdown(outcomes, outcomes[0], "eval/loss", "min", total_steps=10, selection=[10000],
+                                   decided=[0, 1, 2])
+    assert "3 trials, 1 pruned" in table and "pruned at step 4" in table
+    assert "24 of 30 trial steps" in table and "80 %" in table
+    assert "selection seed(s) [10000]" in table and "hypothesis seed(s) [0, 1, 2] only" in table
+
+
+SWEEP_E2E = """\
+name: tiny-lr-sweep
+owner: ml-platform
+extends: tiny-base.yaml
+hypothesis:
+  statement: The best of four learning rates lowers the held-out loss of the tiny model versus the base.
+  metric: eval/loss
+  direction: decrease
+  min_effect: 0.01
+  baseline: tiny-base
+train: {max_steps: 24, eval_interval: 4, checkpoint_interval: 8}
+sweep:
+  parameters: {train.lr: [0.006, 0.000001, 0.000002, 0.003]}
+  parallel: 2
+"""
+
+
+@pytest.mark.e2e
+def test_a_sweep_runs_trials_concurrently_prunes_and_confirms_the_winner_on_fresh_seeds(tmp_path, monkeypatch) -> None:
+    import time
+    from pathlib import Path
+
+    from pipelines.orchestrate import ExperimentFlow, RunOptions
+    from tests.test_orchestrate_e2e import BASE, Recorder
+    from validation.data import build_demo_corpus
+
+    class Timed(Recorder):
+        def training(self, label: str, run_dir: Path, total_steps: int):
+            started = time.time()
+            done = super().training(label, run_dir, total_steps)
+            self.spans = getattr(self, "spans", {})
+
+            def end() -> None:
+                self.spans[label] = (started, time.time())
+                done()
+            return end
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "tiny-base.yaml").write_text(BASE)
+    (tmp_path / "experiments" / "tiny-lr-sweep.yaml").write_text(SWEEP_E2E)
+    build_demo_corpus(tmp_path / "data" / "demo", max_bytes=150_000)
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    rec = Timed()
+    started = time.time()
+    flow = ExperimentFlow(tmp_path, RunOptions(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", smoke=False), rec)
+    candidate, _ = flow.run(tmp_path / "experiments" / "tiny-lr-sweep.yaml")
+    print(f"4-trial sweep, 2 at a time, with the baseline and the winner's confirmation: {time.time() - started:.0f} s")
+    spans = rec.spans
+    trials = {k: v for k, v in spans.items() if "-t" in k}
+    assert len(trials) == 4, spans
+    overlapping = [(a, b) for a in trials for b in trials if a < b
+                   and trials[a][0] < trials[b][1] and trials[b][0] < trials[a][1]]
+    assert overlapping, trials  # at least two trials trained at the same time
+    outcomes = candidate.extra["sweep_outcomes"]
+    assert any(o.status == "pruned" for o in outcomes), [(o.trial.name, o.status) for o in outcomes]
+    assert all(k.endswith("seed 11234") for k in trials)  # selection seed
+    assert candidate.spec.name == "tiny-lr-sweep" and candidate.resolved.seeds == (1234,) or \
+        list(candidate.resolved.seeds) == [1234]  # the winner, retrained on the hypothesis seed
+    report = (candidate.report_dir / "report.md").read_text()
+    assert "pruned at step" in report and "hypothesis seed(s) [1234] only" in report
+    assert "of the full grid" in report
