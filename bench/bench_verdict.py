@@ -37,7 +37,7 @@ from scipy import stats
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from reports.verdict import PLANNING_FACTOR, SUPPORTED, decide, seeds_needed  # noqa: E402
+from reports.verdict import PLANNING_FACTOR, SUPPORTED, decide_values, seeds_needed  # noqa: E402
 
 TRIALS = 20_000
 ALPHA = 0.05
@@ -53,7 +53,7 @@ def simulate(rng: np.random.Generator, n: int, effect: float, noise: float, tria
 
 
 def new_supported(cand, base, min_effect: float, alpha: float = ALPHA):
-    return decide(-(cand - base) / np.abs(base), min_effect, alpha) == SUPPORTED
+    return decide_values(cand, base, "decrease", min_effect, alpha) == SUPPORTED
 
 
 def old_supported(cand, base, min_effect: float, alpha: float = ALPHA):
