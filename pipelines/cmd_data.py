@@ -69,6 +69,24 @@ def demo(
     typer.echo(f"built in {time.perf_counter() - started:.1f} s")
 
 
+@data_app.command("plan")
+def plan(
+    spec_file: Annotated[Path, typer.Argument(help="Experiment YAML whose data section to size up.")],
+    workers: Annotated[int | None, typer.Option(min=1, help="Workers to estimate for (default: every core).")] = None,
+) -> None:
+    """Input size, preparation tasks and the estimated preparation time, from file sizes only."""
+    from validation.data.prepare import estimate_preparation
+
+    try:
+        resolved, repo = _load(spec_file)
+        est = estimate_preparation(resolved.spec.data, repo, workers)
+    except PipelineError as exc:
+        raise fail(exc) from None
+    minutes = est["estimated_seconds"] / 60
+    typer.echo(f"input        {est['input_bytes'] / 1e6:,.1f} MB in {est['tasks']} tasks")
+    typer.echo(f"estimate     {minutes:,.1f} min on {est['workers']} worker(s) (measured rate, bench/RESULTS.md)")
+
+
 @data_app.command("prepare")
 def prepare(
     spec_file: Annotated[Path, typer.Argument(help="Experiment YAML whose data section to prepare.")],

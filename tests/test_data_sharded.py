@@ -152,13 +152,14 @@ def test_sigkill_then_rerun_skips_finished_tasks_and_is_bit_identical(demo_repo:
     build = cache / f".build-{one_worker.version}"
     proc = subprocess.Popen(_prepare_cmd(demo_repo, cache, 2), cwd=REPO, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    target = random.Random().randint(3, 40)  # a random point: after this many finished tasks
+    # A random point of the whole run (scan, dedup, the merge, tokenize: ~135 tasks in all).
+    target = random.Random().randint(3, 125)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if len(list(build.glob("*/logs/completions/*"))) >= target:
             break
         time.sleep(0.02)
-    assert proc.poll() is None, "the preparation finished before it could be killed"
+    assert proc.poll() is None, f"the preparation finished before {target} tasks could be counted"
     os.killpg(proc.pid, signal.SIGKILL)  # the whole job: driver and every worker, mid-write
     proc.wait()
     done_before = {str(p.relative_to(build)) for p in build.glob("*/logs/completions/*")}
@@ -172,7 +173,7 @@ def test_sigkill_then_rerun_skips_finished_tasks_and_is_bit_identical(demo_repo:
     started = [json.loads(line) for line in (cache / ".logs" / one_worker.version / "task-starts.jsonl")
                .read_text().splitlines()]
     redone = {f"{s['stage']}/logs/completions/{s['rank']:05d}" for s in started if s["run"] == 2}
-    assert not redone & done_before, sorted(redone & done_before)
+    assert not redone & done_before, (target, sorted(redone & done_before))
     resumed = PreparedData.open(cache / one_worker.version)
     assert manifest_files(resumed) == manifest_files(one_worker)
 
@@ -194,3 +195,13 @@ def test_near_duplicates_are_removed_across_shards_when_asked(tmp_path: Path) ->
     again = prepare_data(make_spec(sources, task_bytes=4096, near_dedup=True).data, tmp_path,
                          cache_root=tmp_path / "c2", progress=False, workers=2)
     assert manifest_files(again) == manifest_files(on)
+
+
+@pytest.mark.unit
+def test_estimate_counts_the_tasks_the_preparation_runs(demo_repo: Path, one_worker: PreparedData) -> None:
+    from validation.data.prepare import estimate_preparation
+
+    est = estimate_preparation(make_spec(demo_sources(), task_bytes=SMALL_TASKS).data, demo_repo, workers=2)
+    # An upper bound from sizes alone: the real cuts move to line starts, so long lines merge ranges.
+    assert one_worker.params["tasks"] <= est["tasks"] <= 2 * one_worker.params["tasks"]
+    assert est["input_bytes"] > 0 and est["estimated_seconds"] > 0 and est["workers"] == 2

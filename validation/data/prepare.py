@@ -159,6 +159,31 @@ def compute_version(data: DataSpec, repo_root: Path, cache_root: Path) -> Versio
     return VersionInputs(version, payload, files, tok_file, size)
 
 
+# --------------------------------------------------------------------------- estimate
+
+# Input MB per second per worker of a whole preparation (scan + dedup + byte-level BPE tokenize),
+# measured by bench/bench_data_scale.py on the 2-core development machine (see bench/RESULTS.md).
+PREPARE_MB_PER_WORKER_S = 0.75
+BPE_TRAIN_S = 20.0  # training the BPE on its 8 M-char sample
+
+
+def estimate_preparation(data: DataSpec, repo_root: Path, workers: int | None = None) -> dict[str, Any]:
+    """Input size, task count and an estimated preparation time from file sizes alone (no hashing,
+    no reading): what `pipeline data plan` shows before anything runs."""
+    repo_root = Path(repo_root).resolve()
+    size = tasks = 0
+    for source in data.sources:
+        for path in resolve_files(source, repo_root):
+            n = path.stat().st_size
+            size += n
+            tasks += max(1, -(-n // data.task_bytes)) if splittable(source, path) else 1
+    workers = max(1, workers or os.cpu_count() or 1)
+    parallel = max(1, min(workers, tasks))
+    seconds = size / 1e6 / (PREPARE_MB_PER_WORKER_S * parallel)
+    seconds += BPE_TRAIN_S if data.tokenizer.kind == "bpe" else 0.0
+    return {"input_bytes": size, "tasks": tasks, "workers": parallel, "estimated_seconds": round(seconds, 1)}
+
+
 # --------------------------------------------------------------------------- entry point
 
 
