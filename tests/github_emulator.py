@@ -50,6 +50,7 @@ import secrets
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -124,6 +125,7 @@ class GitHubEmulator:
         self.permissions: dict[tuple[str, str], str] = {}
         self.repos: dict[str, Repo] = {}
         self.orgs: dict[str, Org] = {}
+        self.hooks: list[list[Any]] = []  # [method, path regex, body text, action], see `after`
         self.jit_requests: list[dict[str, Any]] = []  # bodies of generate-jitconfig calls
         self.faults: list[Fault] = []
         self.log: list[list[Any]] = []  # [method, path, status]; status 0 until answered (or dropped)
@@ -192,6 +194,23 @@ class GitHubEmulator:
         with self._lock:
             self.faults.append(fault)
         return fault
+
+    def after(self, method: str, path_regex: str, action: Callable[[], None], *,
+              body_contains: str | None = None) -> None:
+        """Run `action` once, after the first successful request matching `method`, `path_regex`
+        and (for writes) a JSON body whose text contains `body_contains`: the world changing at a
+        given moment of a run (e.g. a push right after the bot says which commit it will train)."""
+        with self._lock:
+            self.hooks.append([method.upper(), path_regex, body_contains, action])
+
+    def _run_hooks(self, method: str, path: str, body: Any) -> None:
+        with self._lock:
+            due = [h for h in self.hooks if h[0] in (method, "*") and re.search(h[1], path)
+                   and (h[2] is None or h[2] in json.dumps(body, ensure_ascii=False))]
+            for h in due:
+                self.hooks.remove(h)
+        for h in due:
+            h[3]()
 
     def _take_fault(self, method: str, path: str) -> Fault | None:
         with self._lock:
@@ -1035,6 +1054,8 @@ def _make_handler(em: GitHubEmulator) -> type[BaseHTTPRequestHandler]:
             assert result is not None
             status, payload, headers = result
             entry[2] = status
+            if status < 400:
+                em._run_hooks(method, path, body)
             self._send(status, payload, headers)
 
         def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:

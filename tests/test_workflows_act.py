@@ -216,6 +216,45 @@ def test_a_pull_request_from_checks_to_promotion(tiny: Scene) -> None:
     assert any(w in sticky["body"].lower() for w in ("supported", "refuted", "inconclusive")), sticky["body"]
     assert parse_state(sticky["body"])["validated_sha"] == scene.head_sha
 
+    assert run["attest"].result == "success", run.explain()
+    assert "Attested" in run["attest"].log(), run["attest"].log()[-2000:]
+
+    # Issue 19 item 2: /train again, and the author force-pushes right after the bot names
+    # the commit it will train (while the job would wait for the environment's reviewers).
+    # The train job's first step sees the new head: nothing trains, nothing is attested, and
+    # the report job says why in the sticky comment.
+    moved = "c" * 40
+    gh.after("*", r"/issues/(?:\d+/)?comments(?:/\d+)?$", lambda: gh.push(REPO_NAME, PR, moved, pusher="carol",
+                                                                            force=True),
+             body_contains="training commit")
+    gh.add_workflow_run(REPO_NAME, 778, path=TRAIN_WORKFLOW, event="issue_comment")
+    stale_train = scene.act.run("experiment-train.yml", "issue_comment",
+                                scene.comment(f"/train {scene.experiment}"), sha=scene.main_sha,
+                                run_id=778, timeout=900)
+    assert stale_train["authorize"].outputs.get("sha") == scene.head_sha, stale_train.explain()
+    assert stale_train["train"].result == "failure", stale_train.explain()
+    assert "not training" in stale_train["train"].log()
+    assert stale_train["attest"].result == "skipped", stale_train.explain()
+    assert stale_train["report"].result == "success", stale_train.explain()
+    (sticky,) = scene.sticky()
+    assert "not trained" in sticky["body"] and moved in sticky["body"], sticky["body"]
+    gh.push(REPO_NAME, PR, scene.head_sha)  # the author restores the approved head
+
+    # Issue 19 item 1: another PR's training forges this PR's record in MLflow (this SHA, PR,
+    # workflow run 777, "supported", a start time in the future). Promotion reads only the
+    # attestation written by the attest job of run 777, so the honest run is promoted.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(scene.act.env["MLFLOW_TRACKING_URI"])
+    exp_id = client.get_experiment_by_name(scene.experiment).experiment_id
+    forged = client.create_run(exp_id, start_time=4102444800000, tags={
+        "pipeline.git_sha": scene.head_sha, "pipeline.dirty": "false", "pipeline.pr": str(PR),
+        "pipeline.github_run_id": str(train_run_id), "pipeline.verdict": "supported"}).info.run_id
+    client.set_terminated(forged, "FINISHED")
+    (attestation,) = client.search_runs([client.get_experiment_by_name("pipeline-provenance").experiment_id])
+    honest = attestation.data.tags["pipeline.training_run_id"]
+    assert honest != forged and attestation.data.tags["pipeline.github_run_id"] == str(train_run_id)
+
     # Approved on the final head by another writer, override label, merged: the push promotes.
     gh.add_review(REPO_NAME, PR, user="rex", state="APPROVED", commit_id=scene.head_sha)
     gh.add_label(REPO_NAME, PR, "promote-override", actor="rex")
@@ -229,6 +268,9 @@ def test_a_pull_request_from_checks_to_promotion(tiny: Scene) -> None:
     assert promoted["promote"].result == "success", promoted.explain()
     (sticky,) = scene.sticky()
     assert "Promoted" in sticky["body"] and "champion" in sticky["body"], promoted.explain() + sticky["body"]
+    champion = client.get_model_version_by_alias("gitops-train", "champion")
+    assert champion.tags["pipeline.training_run_id"] == honest != forged
+    assert champion.run_id == attestation.info.run_id
     assert ("GET", f"/repos/{REPO_NAME}/commits/{merge_sha}/pulls", 200) in gh.requests_made("GET")
 
 
