@@ -168,3 +168,27 @@ def test_min_effect_is_printed_with_every_digit(tmp_path):
     md = render_markdown(built.report)
     assert "by at least 0.25 %" in md and "0.2%" not in md
     assert "margin 0.25 %" in built.verdict.rule
+
+
+def test_a_nan_eval_loss_logged_to_mlflow_is_divergence_too():
+    from types import SimpleNamespace as NS
+
+    from reports.records import records_from_mlflow
+
+    run = NS(info=NS(run_id="r1", status="FINISHED", start_time=0, end_time=36_000),
+             data=NS(tags={"pipeline.seed": "1"}, params={}, metrics={"eval/loss": math.nan, "train/loss": 3.1}))
+
+    class Client:
+        def get_experiment_by_name(self, name):
+            return NS(experiment_id="1")
+
+        def search_runs(self, ids, filter_string="", max_results=1000):
+            return [run]
+
+        def get_metric_history(self, run_id, key):
+            return [NS(step=10, value=3.1)]
+
+    (record,) = records_from_mlflow(Client(), "higher-lr")
+    assert record.status == "diverged" and "eval/loss" in record.non_finite
+    assert "eval/loss" not in record.final_metrics
+    assert any(a.level == "P0" and a.kind == "divergence" for a in record.alerts)
