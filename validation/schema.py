@@ -5,6 +5,12 @@
 generated, never edited: `pipeline schema` rewrites it and `pipeline schema --check`
 (and a test) fail when it no longer matches the models.
 
+The plug-in sections (`model`, `train.optimizer`) are described by the contract they all
+share (`models.Architecture`, `models.OptimizerConfig`: the common fields, the selecting
+name, further keys allowed), not by a list of today's files: a pull request that adds an
+architecture as `models/<name>.py` must not have to regenerate this file, and its fields are
+checked, with file:line, by `pipeline validate`, which reads the architecture file itself.
+
 The schema describes a *complete* file. A file that `extends:` another may leave out
 required sections, so editors will flag those as missing; the loader is the authority.
 """
@@ -24,6 +30,7 @@ SCHEMA_FILE = Path("experiments") / "schema.json"
 def experiment_schema() -> dict[str, Any]:
     """The schema as data: field names as written in YAML (aliases), descriptions from docstrings."""
     schema = ExperimentSpec.model_json_schema(by_alias=True, mode="validation")
+    _generic_plugin_sections(schema)
     schema["$schema"] = SCHEMA_DIALECT
     schema["title"] = "Experiment"
     schema["description"] = (
@@ -31,6 +38,31 @@ def experiment_schema() -> dict[str, Any]:
         "Generated from validation/spec.py by `pipeline schema`; do not edit."
     )
     return schema
+
+
+def _generic_plugin_sections(schema: dict[str, Any]) -> None:
+    """Replace the plug-in unions by the shared contract (see the module docstring)."""
+    from models import Architecture, OptimizerConfig
+
+    defs: dict[str, Any] = schema.get("$defs", {})
+    for name in [k for k in defs if k.startswith("models__") or k.startswith("Foreign")]:
+        del defs[name]
+
+    def generic(base: type[Any], key: str, where: str) -> dict[str, Any]:
+        part: dict[str, Any] = base.model_json_schema(by_alias=True, mode="validation")
+        part.pop("title", None)
+        part["properties"][key] = {"type": "string", "pattern": r"^[a-z][a-z0-9_]{0,63}$",
+                                   "description": f"A file under {where} (its name without .py); "
+                                                  "its own fields follow and are checked by `pipeline validate`."}
+        part["additionalProperties"] = True
+        return part
+
+    model_doc = schema["properties"]["model"].get("description", "")
+    schema["properties"]["model"] = generic(Architecture, "model_type", "models/") | {"description": model_doc}
+    train = defs["TrainSpec"]["properties"]
+    optimizer_doc = train["optimizer"].get("description", "")
+    train["optimizer"] = generic(OptimizerConfig, "name", "models/optimizers/") | {
+        "description": optimizer_doc, "default": {"name": "adamw"}}
 
 
 def render_schema() -> str:

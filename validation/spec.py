@@ -13,11 +13,23 @@ This module must stay light: `pipeline validate` imports it and must not import 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
+from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 from models import Architecture, OptimizerConfig, architectures, optimizer_configs
 
@@ -103,12 +115,71 @@ class Hypothesis(Section):
 # --------------------------------------------------------------------------- model
 
 
-def _union(classes: dict[str, type[BaseModel]], key: str) -> Any:
-    """A discriminated union of plug-in config classes (one member: the class itself)."""
-    members = tuple(classes.values())
-    if len(members) == 1:
-        return members[0]
-    return Annotated[Union[members], Field(discriminator=key)]  # noqa: UP007 - built at run time
+FOREIGN = "foreign"
+"""The union tag of a plug-in this checkout does not have (see `foreign_plugins_allowed`)."""
+_ALLOW_FOREIGN: contextvars.ContextVar[bool] = contextvars.ContextVar("allow_foreign_plugins", default=False)
+
+
+@contextlib.contextmanager
+def foreign_plugins_allowed() -> Iterator[None]:
+    """Within this block an architecture or optimizer that is not a file of *this* checkout
+    validates as a stand-in (its own fields unchecked). Only the trusted re-validation of a
+    pull request uses it: that job runs the default branch's code and never imports the PR's
+    Python, so a `model_type` the PR adds in `models/<name>.py` is unknown to it; the PR's
+    own check (unprivileged, running that file) validated those fields."""
+    token = _ALLOW_FOREIGN.set(True)
+    try:
+        yield
+    finally:
+        _ALLOW_FOREIGN.reset(token)
+
+
+class ForeignArchitecture(Architecture):
+    """A stand-in for an architecture file this checkout does not have. The common fields are
+    checked; its own are kept unchecked; its counts are a generic dense-decoder estimate
+    (attention 4 h^2 and an MLP 8 h^2 per layer, untied embedding and head): what the trusted
+    job needs for a budget tier, labelled as such."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    model_type: str
+
+    def block_parameters(self) -> int:
+        return self.num_layers * 12 * self.hidden_size * self.hidden_size
+
+    def parameter_count(self) -> int:
+        return 2 * self.vocab_size * self.hidden_size + self.block_parameters()
+
+    def matmul_parameters(self) -> int:
+        return self.vocab_size * self.hidden_size + self.block_parameters()
+
+    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: int) -> int:
+        return 34 * seq_len * micro_batch * self.hidden_size * element_bytes // 2  # Korthikanti, per element
+
+
+class ForeignOptimizer(OptimizerConfig):
+    """A stand-in for an optimizer file this checkout does not have (AdamW's 8 bytes of state)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str
+
+    def state_bytes_per_parameter(self, role: Any, shape: tuple[int, ...] | None = None) -> float:
+        return 8.0
+
+
+def _union(classes: dict[str, type[BaseModel]], key: str, foreign: type[BaseModel]) -> Any:
+    """A union of plug-in config classes selected by `key`; a name that is not a file here is
+    an error, except inside `foreign_plugins_allowed()` (then the stand-in `foreign`)."""
+
+    def select(value: Any) -> str | None:
+        name = value.get(key) if isinstance(value, dict) else getattr(value, key, None)
+        if isinstance(value, foreign):
+            return FOREIGN
+        if isinstance(name, str) and name not in classes and _ALLOW_FOREIGN.get():
+            return FOREIGN
+        return name if isinstance(name, str) else None
+
+    members = [Annotated[c, Tag(name)] for name, c in classes.items()] + [Annotated[foreign, Tag(FOREIGN)]]
+    return Annotated[Union[tuple(members)], Discriminator(select)]  # noqa: UP007 - built at run time
 
 
 ARCHITECTURES: dict[str, type[Architecture]] = architectures()
@@ -118,8 +189,8 @@ OPTIMIZERS: dict[str, type[OptimizerConfig]] = optimizer_configs()
 
 ModelSpec = Architecture
 """The type every `spec.model` has: an architecture's `Config` (see models/__init__.py)."""
-ModelUnion: Any = _union(ARCHITECTURES, "model_type")  # type: ignore[arg-type]
-OptimizerUnion: Any = _union(OPTIMIZERS, "name")  # type: ignore[arg-type]
+ModelUnion: Any = _union(ARCHITECTURES, "model_type", ForeignArchitecture)  # type: ignore[arg-type]
+OptimizerUnion: Any = _union(OPTIMIZERS, "name", ForeignOptimizer)  # type: ignore[arg-type]
 
 
 def model_spec(data: dict[str, Any]) -> Architecture:
