@@ -10,7 +10,9 @@ Scenarios: PR with a valid experiment -> bundle -> workflow_run comment -> exact
 sticky comment; a stale bundle; PR with an invalid experiment -> `::error file=...,line=...::`
 and a failure comment; `/train` from a reader, on a fork PR; `/cancel`; a manual dispatch
 that trains on the self-hosted label (local launcher) while the pool is short, then the
-report job; merge -> push -> promotion. The heavy ones share one run of the PR checks.
+attest and report jobs; /train followed by a force-push (nothing trains, the comment says
+why); a forged training record that promotion ignores; merge -> push -> promotion. The
+heavy ones share one run of the PR checks.
 
 Not run under act: `ci.yml`, whose jobs are this test suite and lint themselves (running
 them here would recurse) and whose lock check needs the package index; and the
