@@ -15,8 +15,11 @@ Rules (each one closes a hole that has been used against real projects):
   maintain or write), never taken from the payload's `author_association`.
 * The launch is bound to the PR's head SHA *as the API reports it now*, and only if that
   SHA is the one whose validation passed (the `validated_sha` recorded in the sticky
-  comment's state). A newer push therefore invalidates a pending `/train` until the
-  checks pass again on the new commit.
+  comment's state). A push before the command is refused here until the checks pass on
+  the new commit. A push *after* it (while the train job waits for the environment's
+  reviewers) is caught by the train job's first step, `.github/scripts/train_gate.py head`,
+  which asks the API for the head again before any PR code runs; the sticky comment's
+  `training` section names the commit the reviewers approve.
 * PRs from forks: a comment never starts training, whoever writes it. A maintainer
   (role maintain or admin) starts it explicitly by running the train workflow by hand
   (`workflow_dispatch`) with inputs `pr`, `sha` (the head commit they reviewed) and
