@@ -152,8 +152,10 @@ def test_sigkill_then_rerun_skips_finished_tasks_and_is_bit_identical(demo_repo:
     build = cache / f".build-{one_worker.version}"
     proc = subprocess.Popen(_prepare_cmd(demo_repo, cache, 2), cwd=REPO, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    # A random point of the whole run (scan, dedup, the merge, tokenize: ~135 tasks in all).
-    target = random.Random().randint(3, 125)
+    # A random point of the whole run: after k of the 3 x T task completions (scan, dedup, the
+    # driver's merge, tokenize); DATA_KILL_AT_TASK=k replays one.
+    total = 3 * one_worker.params["tasks"]
+    target = int(os.environ.get("DATA_KILL_AT_TASK", 0)) or random.Random().randint(3, total - 3)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if len(list(build.glob("*/logs/completions/*"))) >= target:
