@@ -54,6 +54,14 @@ def smoke(
         prepared = prepare_data(spec.data, repo, cache, progress=False)
         target = run_dir or repo / "runs" / "smoke" / spec.name
         result = run_smoke(resolved, prepared, target, tracking_uri=tracking_uri)
+        if result["status"] == "passed":
+            from pipelines.sharded_smoke import run_sharded_smoke
+
+            sharded = run_sharded_smoke(resolved, prepared, Path(target) / "sharded")
+            if sharded is not None:  # the layout is sharded: 2 CPU processes of its kind ran too
+                result["sharded"] = sharded
+                result["checks"] |= sharded["checks"]
+                result["status"] = sharded["status"]
     except PipelineError as exc:
         raise fail(exc) from None
     result["experiment"] = spec.name
@@ -67,6 +75,8 @@ def smoke(
         f"smoke {spec.name}: {result['status']} in {result['wall_s']:.1f}s; loss {losses[0]:.3f} -> {losses[-1]:.3f}; "
         f"{result['tokens_per_s'] or 0:.0f} tokens/s; {checks}; wrote {out_path}"
     )
+    if result.get("sharded") and result["sharded"]["error"]:
+        typer.echo(f"sharded smoke ({result['sharded']['layout']}) failed: {result['sharded']['error']}", err=True)
     if result["status"] != "passed":
         raise typer.Exit(5)
 

@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines import continuation
 from pipelines.identity import CodeVersion, RunIdentity, code_version, experiment_key
 from pipelines.rundir import finished_training_runs, new_run_dir, runs_root
 from pipelines.stages import StageOutcome, StageRunner
+from trainer import checkpoint as ckpt
 from trainer.tracking import default_tracking_uri
-from validation.errors import Detached, PipelineError, TrainingError
+from validation.errors import Detached, PipelineError, TrainingError, UsageError
 from validation.files import atomic_write_json, atomic_write_text, read_json
 from validation.resolved import RESOLVED_FILE, ResolvedExperiment, resolve
 from validation.spec import CHAMPION, ExperimentSpec
@@ -48,6 +50,9 @@ class RunOptions:
     """Re-run stages even when their result exists for the same identity."""
     run_baseline: bool = True
     """Train the baseline first when it has no finished run."""
+    continue_from: Path | None = None
+    """A run directory (an experiment's or one seed's) whose checkpoints the candidate continues
+    under its own layout (`pipelines.continuation`)."""
 
 
 class Reporter:
@@ -144,6 +149,8 @@ class ExperimentFlow:
                 baseline = None  # submitted; go on and submit the candidate too
         if self.options.detach and spec.sweep is not None:
             raise PipelineError(f"{spec_path}: --detach does not support sweeps yet; run the sweep attached")
+        if self.options.continue_from is not None and spec.sweep is not None:
+            raise PipelineError(f"{spec_path}: --continue-from continues one run, not a sweep")
         if spec.sweep is not None:
             candidate = self.run_sweep(resolved, baseline)
         else:
@@ -417,10 +424,22 @@ class ExperimentFlow:
         out_dir.mkdir(parents=True, exist_ok=True)
         # Details stay in the smoke run's logs/; the console shows warnings only.
         result = run_smoke(resolved, prepared, out_dir / "run", tracking_uri="none", console_level="WARNING")
+        if result.get("status") == "passed":
+            # A sharded layout also runs 2 CPU processes of its kind (FSDP / TP): a tensor-parallel
+            # plan that does not fit the model fails here, in the PR check, not after /train.
+            from pipelines.sharded_smoke import run_sharded_smoke
+
+            sharded = run_sharded_smoke(resolved, prepared, out_dir / "sharded")
+            if sharded is not None:
+                result["sharded"] = sharded
+                result["checks"] |= sharded["checks"]
+                result["status"] = sharded["status"]
         atomic_write_json(out_dir / "smoke.json", result)
         if result.get("status") != "passed":
             failed = [k for k, ok in result.get("checks", {}).items() if not ok]
-            raise TrainingError(f"smoke run of {spec.name} failed: {', '.join(failed) or 'see ' + str(out_dir)}")
+            error = (result.get("sharded") or {}).get("error")
+            raise TrainingError(f"smoke run of {spec.name} failed: {', '.join(failed) or 'see ' + str(out_dir)}"
+                                + (f": {error}" if error else ""))
         return StageOutcome(outputs={"tokens_per_s": result.get("tokens_per_s"), "wall_s": result.get("wall_s")},
                             artifacts=[(out_dir / "smoke.json", "json")])
 
@@ -447,8 +466,12 @@ class ExperimentFlow:
                 self._register_claim(resolved, seed, existing, results_existed=True)
             return existing, True
         seed_dir = run_dir / "train" / f"seed-{seed}"
-        seed_dir.mkdir(parents=True, exist_ok=True)
         seeded = resolved.for_seed(seed)
+        cont = self._continuation(seeded, seed, identity, seed_dir) if role == "candidate" else None
+        if cont is not None and cont.finished:  # that seed of the old run finished: its result stands
+            self.reporter.stage(spec.name, "train", "reused", f"seed {seed}: {cont.source} (another layout)")
+            return cont.source, True
+        seed_dir.mkdir(parents=True, exist_ok=True)
         seeded.write(seed_dir / RESOLVED_FILE)
         launcher = self.options.launcher or spec.resource.launcher
         # Preregistration: the hypothesis as it is when training starts (reports.prereg); the
@@ -459,8 +482,12 @@ class ExperimentFlow:
             seed_dir / "identity.json",
             identity.to_dict(run_id=f"{run_dir.name}-s{seed}", pr=self.options.pr, launcher=launcher,
                              head_sha=self.options.sha, role=role, claim=claim,
-                             hypothesis_registered=json.dumps(registered["hypothesis"], sort_keys=True)),
+                             hypothesis_registered=json.dumps(registered["hypothesis"], sort_keys=True),
+                             **(cont.record() if cont is not None else {})),
         )
+        if cont is not None and continuation.seed_run(cont, seed_dir):
+            self.reporter.stage(spec.name, "train", "continued", f"seed {seed} from {cont.checkpoint} "
+                                f"({continuation.describe(cont.before)} -> {continuation.describe(cont.after)})")
         from pipelines.launchers import get_launcher, job_from_spec, run_with_retries
 
         job = job_from_spec(
@@ -512,6 +539,33 @@ class ExperimentFlow:
             reason = (result or {}).get("reason") or (result or {}).get("message") or getattr(state, "detail", "")
             raise TrainingError(f"training {spec.name} seed {seed} ended '{status}': {reason} (logs: {seed_dir / 'logs'})")
         return seed_dir, False
+
+    def _continuation(self, seeded: ResolvedExperiment, seed: int, identity: RunIdentity,
+                      seed_dir: Path) -> continuation.Continuation | None:
+        """With --continue-from: the checked plan to continue that run's seed (UsageError, one
+        line, when it cannot be). Without: None, after saying so when a run of the same work
+        has checkpoints under another layout and this one would start at step 0."""
+        source_dir = self.options.continue_from
+        if source_dir is None:
+            if not ckpt.list_checkpoints(seed_dir / "checkpoints"):
+                hint = continuation.other_layout_hint(
+                    runs_root(self.repo), seeded, seed=seed, code_version=identity.code.tree,
+                    data_version=identity.data_version, spec_file=seeded.spec_file, exclude=seed_dir)
+                if hint:
+                    self.reporter.stage(seeded.spec.name, "train", "warning", hint)
+            return None
+        sources = continuation.seed_dirs(source_dir)
+        if seed not in sources:
+            if not sources:
+                raise UsageError(f"--continue-from {source_dir}: no training run there")
+            self.reporter.stage(seeded.spec.name, "train", "warning",
+                                f"seed {seed}: {source_dir} has no run of it; it starts at step 0")
+            return None
+        if (self._still_running(sources[seed])) is not None:
+            raise UsageError(f"cannot continue {sources[seed]}: its job is still running; "
+                             f"stop it first (pipeline cancel {sources[seed]})")
+        return continuation.plan(sources[seed], seeded, code_version=identity.code.tree,
+                                 data_version=identity.data_version, seed=seed, tracking_uri=self.tracking_uri)
 
     @staticmethod
     def _still_running(seed_dir: Path):
