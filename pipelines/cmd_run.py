@@ -42,6 +42,18 @@ def _repo(path: Path | None = None) -> Path:
     return find_repo_root(path) if path is not None else repo_root_from_cwd()
 
 
+def _run_dir(path: Path | None) -> Path | None:
+    """--continue-from: a run directory (or `<experiment>/<run-id>`, a run id) that exists."""
+    if path is None:
+        return None
+    from pipelines.rundir import resolve_run
+
+    found = resolve_run(_repo(), str(path))
+    if found is None:
+        raise fail(UsageError(f"--continue-from {path}: no such run directory"))
+    return found
+
+
 def run(
     file: Annotated[Path, typer.Argument(help="Experiment YAML, e.g. experiments/higher-lr.yaml.")],
     launcher: Annotated[str | None, typer.Option(help="Override resource.launcher: local, slurm or static.")] = None,
@@ -51,6 +63,9 @@ def run(
     no_baseline: Annotated[bool, typer.Option("--no-baseline", help="Do not train the baseline first.")] = False,
     force: Annotated[bool, typer.Option(help="Re-run stages and trainings even when a result exists.")] = False,
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI (default: sqlite file mlflow.db).")] = None,
+    continue_from: Annotated[Path | None, typer.Option(
+        "--continue-from", help="Continue this run directory's latest valid checkpoint under FILE's layout "
+        "(only parallel, resource and the batch split may differ; same global batch, data and code).")] = None,
 ) -> None:
     """Run every stage of an experiment locally: validate, prepare, check, smoke, train, evaluate, report.
 
@@ -62,7 +77,7 @@ def run(
     if not file.is_file():
         raise fail(UsageError(f"{file}: no such experiment file"))
     options = RunOptions(launcher=launcher, pr=pr, sha=sha, smoke=not no_smoke, force=force,
-                         run_baseline=not no_baseline, tracking_uri=tracking_uri)
+                         run_baseline=not no_baseline, tracking_uri=tracking_uri, continue_from=_run_dir(continue_from))
     reporter = RichReporter()
     flow = ExperimentFlow(_repo(file), options, reporter)
     _sigterm_as_interrupt()
@@ -86,13 +101,17 @@ def train(
     pr: Annotated[int | None, typer.Option(help="Pull request number.")] = None,
     sha: Annotated[str | None, typer.Option(help="Head SHA the launch is bound to.")] = None,
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI.")] = None,
+    continue_from: Annotated[Path | None, typer.Option(
+        "--continue-from", help="Continue this run directory's latest valid checkpoint under FILE's layout "
+        "(only parallel, resource and the batch split may differ; same global batch, data and code).")] = None,
 ) -> None:
     """Train an experiment (and its baseline when missing) and report; what `/train` runs on a GPU runner."""
     from pipelines.orchestrate import Detached, ExperimentFlow, RunOptions, summary_lines
 
     if not file.is_file():
         raise fail(UsageError(f"{file}: no such experiment file"))
-    options = RunOptions(launcher=launcher, detach=detach, pr=pr, sha=sha, smoke=False, tracking_uri=tracking_uri)
+    options = RunOptions(launcher=launcher, detach=detach, pr=pr, sha=sha, smoke=False, tracking_uri=tracking_uri,
+                         continue_from=_run_dir(continue_from))
     reporter = RichReporter()
     flow = ExperimentFlow(_repo(file), options, reporter)
     _sigterm_as_interrupt()

@@ -29,7 +29,7 @@ class StageResult(BaseModel):
 
     stage: str
     identity: str
-    status: Literal["ok", "failed"]
+    status: Literal["ok", "failed", "interrupted"]
     started_at: float
     finished_at: float
     outputs: dict[str, Any] = {}
@@ -118,12 +118,17 @@ class StageRunner:
             for path, kind in outcome.artifacts:
                 check_artifact(path, kind=kind)
         except BaseException as exc:
+            # Ctrl-C / SIGTERM (raised as KeyboardInterrupt by the CLI) is not a failure: the
+            # command says "interrupted ... rerun resumes", and no "failed" line may precede it.
+            interrupted = isinstance(exc, KeyboardInterrupt)
             failed = StageResult(
-                stage=stage, identity=self.identity, status="failed", started_at=started,
-                finished_at=time.time(), message=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                stage=stage, identity=self.identity, status="interrupted" if interrupted else "failed",
+                started_at=started, finished_at=time.time(),
+                message=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
             )
             atomic_write_json(self.path(stage), failed.model_dump())
-            self.on_event(stage, "failed", failed)
+            if not interrupted:
+                self.on_event(stage, "failed", failed)
             raise
         outputs = dict(outcome.outputs)
         outputs["_artifacts"] = [[str(p), k] for p, k in outcome.artifacts]

@@ -336,7 +336,10 @@ def runs_section(report: Report, mlflow_url: str | None) -> str:
         for r in runs:
             rows.append(f"| {side} | {r.seed if r.seed is not None else '—'} | {_run_link(r, mlflow_url)} | {escape_text(r.status)} | "
                         f"`{escape_text(r.data.version or '—')}` | `{escape_text(r.trainer_version or '—')}` |")
-    return details(f"Runs ({len(report.candidates)} candidate, {len(report.baselines)} baseline)", "\n".join(rows))
+    # Run events that change how to read a curve (a continuation on another layout).
+    rows += [""] + [f"- `{escape_text(run)}` {escape_text(a.message)}" for run, a in report.alerts
+                    if a.kind == "resharded"]
+    return details(f"Runs ({len(report.candidates)} candidate, {len(report.baselines)} baseline)", "\n".join(rows).rstrip())
 
 
 # --------------------------------------------------------------------------- assembly

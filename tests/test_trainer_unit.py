@@ -119,7 +119,8 @@ def test_manifest_detects_flip_truncation_missing_file_and_missing_manifest(tmp_
     assert "truncated" in reasons[1]
     assert "MANIFEST.json missing" in reasons[2]
     assert "train_state.json missing" in reasons[3]
-    assert all(level == "P1" for level, _, _ in events)
+    assert all(level == "P1" for level, *_ in events)
+    assert [e[3] for e in events] == [50, 40, 30, 20]  # each stamped with its checkpoint's step
 
 
 @pytest.mark.unit

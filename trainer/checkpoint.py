@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 # The one atomic write (fsync, rename, fsync of the directory) and file hash of the project;
 # the old names stay for the trainer's callers.
@@ -43,8 +43,12 @@ TRAIN_STATE = "train_state.json"
 PREFIX = "step_"
 TMP_PREFIX = ".tmp_"
 
-# (level, kind, message) -> None; the trainer turns these into alerts.
-EventSink = Callable[[str, str, str], None]
+
+class EventSink(Protocol):
+    """(level, kind, message[, step]) -> None; the trainer turns these into alerts, stamped with
+    `step` when the event is about another step than the one the run is at (a skipped checkpoint)."""
+
+    def __call__(self, level: str, kind: str, message: str, step: int | None = None, /) -> None: ...
 
 
 def checkpoint_name(step: int) -> str:
@@ -106,12 +110,12 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
 
 def find_resume_checkpoint(root: Path, on_event: EventSink | None = None) -> Path | None:
     """The newest checkpoint whose manifest verifies; every one skipped is reported by name."""
-    for _, path in list_checkpoints(root):
+    for step, path in list_checkpoints(root):
         reason = verify_checkpoint(path)
         if reason is None:
             return path
-        if on_event:
-            on_event("P1", "checkpoint_corrupt", f"skipping checkpoint {path}: {reason}")
+        if on_event:  # stamped with the checkpoint's step: the resuming process is not at any step yet
+            on_event("P1", "checkpoint_corrupt", f"skipping checkpoint {path}: {reason}", step)
     return None
 
 

@@ -12,7 +12,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,16 +27,57 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainer.checkpointing")
 
-# (level, kind, message) -> None; alerts at the current step.
-OnEvent = Callable[[str, str, str], None]
+# (level, kind, message[, step]) -> None; alerts at the current step unless `step` is given.
+OnEvent = ckpt.EventSink
+
+
+def layout_record(world: int, dp: int, tp: int, shard: int, replicate: int = 1) -> dict[str, Any]:
+    """The layout a checkpoint was written under (train_state.json `layout`): processes and how
+    they split the work. `fsdp` means parameters really are sharded (over more than one rank)."""
+    return {"processes": world, "dp": dp, "tp": tp, "fsdp": shard > 1, "replicate": replicate}
+
+
+def describe_layout(layout: dict[str, Any]) -> str:
+    """`dp 2, fsdp`, `dp 1 x tp 2`, `dp 4, fsdp (hsdp 2 x 2)`: what the processes do, in words."""
+    dp, tp = int(layout.get("dp", 1)), int(layout.get("tp", 1))
+    text = f"dp {dp}" + (f" x tp {tp}" if tp > 1 else "")
+    if layout.get("fsdp"):
+        replicate = int(layout.get("replicate", 1))
+        text += ", fsdp" + (f" (hsdp {replicate} x {dp // replicate})" if replicate > 1 else "")
+    return text
+
+
+def saved_layout(path: Path, saved_state: dict[str, Any]) -> dict[str, Any]:
+    """The layout of the checkpoint at `path`: recorded in train_state.json, or (older
+    checkpoints) inferred: processes from the ranks' RNG files, dp from the saved world size."""
+    if isinstance(saved_state.get("layout"), dict):
+        return dict(saved_state["layout"])
+    processes = len(list(Path(path).glob("rng_rank*.pt"))) or 1
+    dp = int(saved_state.get("world_size", processes))
+    return {"processes": processes, "dp": dp, "tp": max(1, processes // max(1, dp)),
+            "fsdp": (Path(path) / ckpt.DCP_METADATA).is_file() and dp > 1, "replicate": 1}
+
+
+def reshard_message(step: int, before: dict[str, Any], after: dict[str, Any]) -> str | None:
+    """"resharded at step 30: 2 -> 1 processes (dp 2, fsdp -> dp 1)", or None when the layout
+    did not change. Pure."""
+    keys = ("processes", "dp", "tp", "fsdp")
+    if all(before.get(k) == after.get(k) for k in keys):
+        return None
+    return (f"resharded at step {step}: {before.get('processes')} -> {after.get('processes')} processes "
+            f"({describe_layout(before)} -> {describe_layout(after)})")
 
 
 class CheckpointGlue:
     def __init__(self, spec: ExperimentSpec, root: Path, accelerator: Accelerator, raw_model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-                 comm: Collectives, rank: int, on_event: OnEvent, dp: int | None = None):
+                 comm: Collectives, rank: int, on_event: OnEvent, dp: int | None = None,
+                 layout: dict[str, Any] | None = None):
         self.spec = spec
         self.dp = dp or comm.world  # data-parallel size: the global batch is micro x accum x dp
+        self.layout = layout or layout_record(comm.world, self.dp, 1, 1)
+        self.resharded: str | None = None
+        """Set by `load` when the checkpoint was written under another layout (the P2 event's text)."""
         self.root = root
         self.accelerator = accelerator
         self.raw_model = raw_model
@@ -118,7 +158,7 @@ class CheckpointGlue:
                 model_state=self._model_state(copy),
                 optimizer_state=ckpt.to_cpu(self.optimizer.state_dict(), copy),
                 scheduler_state=scheduler_state,
-                train_state=state.to_json() | {"saved_unix": time.time()},
+                train_state=state.to_json() | {"saved_unix": time.time(), "layout": self.layout},
                 extra={"probe_logits": self.probe_logits(self.raw_model)},
             )
             self.writer.save(snap)
@@ -158,7 +198,9 @@ class CheckpointGlue:
             self.accelerator.scaler.load_state_dict(data["scheduler"]["scaler"])
         saved = data["train_state"]
         state = TrainState.from_json(saved)
+        self.resharded = reshard_message(state.step, saved_layout(path, saved), self.layout)
         state.world_size = world
+        state.spec_hash = current.spec_hash or state.spec_hash  # what runs now (a continuation: another layout)
         state.mlflow_run_id = state.mlflow_run_id or current.mlflow_run_id
         if saved.get("world_size", world) != world:
             global_rows = saved["micro_batch_size"] * saved["grad_accum_steps"] * saved["world_size"]
@@ -263,7 +305,8 @@ class ShardedCheckpointGlue(CheckpointGlue):
             ckpt.write_rank_rng(self.root, step, self.rank)
             if self.is_main:
                 torch.save({"scheduler": self.scheduler.state_dict()}, tmp / "scheduler.pt")
-                (tmp / ckpt.TRAIN_STATE).write_text(json.dumps(state.to_json() | {"saved_unix": time.time()},
+                (tmp / ckpt.TRAIN_STATE).write_text(json.dumps(state.to_json() | {"saved_unix": time.time(),
+                                                                                   "layout": self.layout},
                                                                indent=2, sort_keys=True))
             if self._group is not None:
                 staged = dcp.staged_copy(self.raw_model, self.optimizer)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from models import EXPORT_FILE
 from trainer import checkpoint as ckpt
 from trainer import record
-from trainer.checkpointing import CheckpointGlue, ShardedCheckpointGlue
+from trainer.checkpointing import CheckpointGlue, ShardedCheckpointGlue, describe_layout, layout_record
 from trainer.collectives import Collectives
 from trainer.evaluation import Evaluator, update_best
 from trainer.faults import FaultPlan
@@ -216,8 +216,9 @@ class Trainer:
         self.detector = AnomalyDetector(spec.alerts, vocab_size=spec.model.vocab_size)
         self.ckpt_root = self.run_dir / "checkpoints"
         glue = ShardedCheckpointGlue if topo.sharded else CheckpointGlue
+        self.layout = layout_record(self.world, self.dp, topo.tp, topo.shard, topo.replicate)
         self.ckpt = glue(spec, self.ckpt_root, acc, self.raw_model, self.optimizer, self.scheduler,
-                         self.comm, self.rank, self._on_event, dp=self.dp)
+                         self.comm, self.rank, self._on_event, dp=self.dp, layout=self.layout)
         self.step_fn = StepRunner(acc, self.model, self.optimizer, self.scheduler, self.comm, self.faults,
                                   tr.grad_clip, dp=self.dp)
         # On a GPU every host read of a device value waits for the device: loss and grad norm stay
@@ -270,8 +271,8 @@ class Trainer:
         self.detector.load_state(state.detector)
         self.batcher = self._make_batcher()
 
-    def _on_event(self, level: str, kind: str, message: str) -> None:
-        self.alerts.emit(Alert(level, kind, message, self.state.step))
+    def _on_event(self, level: str, kind: str, message: str, step: int | None = None) -> None:
+        self.alerts.emit(Alert(level, kind, message, self.state.step if step is None else step))
         self.ckpt_failures.note(kind, message)
 
     def _tokens_per_step(self) -> int:
@@ -300,6 +301,8 @@ class Trainer:
             self.resumed_from = found
             self.detector.on_resume(self.state.step)  # a fresh process: no throughput verdict while warming up
             log.info("resumed from %s at step %d", found, self.state.step)
+            if self.ckpt.resharded:  # continued under another layout: one event in the run's history
+                self._on_event("P2", "resharded", self.ckpt.resharded)
         elif ckpt.list_checkpoints(self.ckpt_root):
             # Every kept checkpoint failed verification (each skip was a P1): say what happens now.
             self._on_event("P1", "restart_from_scratch",
@@ -363,9 +366,9 @@ class Trainer:
             "P0", "stall", f"no step completed for {idle:.0f}s"))
         outcome = record.Outcome("finished", "max_steps")
         window, last = Window(), {}
-        log.info("training %s: %d params (%d on this rank), %d steps, world %d (dp %d x tp %d, fsdp %s), "
+        log.info("training %s: %d params (%d on this rank), %d steps, world %d (%s), "
                  "micro %d x accum %d, seq %d, precision %s", self.spec.name, self.n_params, self.local_params,
-                 self.total_steps, self.world, self.dp, self.topo.tp, self.topo.fsdp, self.state.micro_batch_size,
+                 self.total_steps, self.world, describe_layout(self.layout), self.state.micro_batch_size,
                  self.state.grad_accum_steps, self.seq_len, tr.precision)
         try:
             while self.state.step < self.total_steps:

@@ -211,6 +211,22 @@ def default_tracking_uri(repo_root: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(repo_root).resolve()}/mlflow.db"
 
 
+def artifact_location(tracking_uri: str) -> str | None:
+    """Where an experiment created in `tracking_uri` keeps its artifacts (report files, models).
+
+    A sqlite store keeps them in `mlruns/` beside its database file: MLflow's own default is
+    `./mlruns` of whatever directory the creating process ran in, so two stores would share
+    one folder and one store's artifacts would scatter over working directories. A server
+    (http) decides itself (`--default-artifact-root`); so does a file store (None)."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return None
+    database = Path(tracking_uri[len(prefix):].split("?", 1)[0])
+    if not str(database) or str(database) == ":memory:":
+        return None
+    return (database.expanduser().resolve().parent / "mlruns").as_uri()
+
+
 MLFLOW_HTTP_POLICY = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
@@ -425,7 +441,8 @@ class MlflowSink:
             client = MlflowClient(tracking_uri=self.tracking_uri)
             if self.run_id is None:
                 exp = client.get_experiment_by_name(self.experiment)
-                exp_id = exp.experiment_id if exp else client.create_experiment(self.experiment)
+                exp_id = exp.experiment_id if exp else client.create_experiment(
+                    self.experiment, artifact_location=artifact_location(self.tracking_uri))
                 run = client.create_run(exp_id, run_name=self.run_name)
                 self.run_id = run.info.run_id
                 self._write_run_file()
