@@ -41,6 +41,8 @@ is split between them (its size is checked separately)."""
 
 HISTORY_FILES = ("metrics.jsonl", "alerts.jsonl")
 CONTINUED_FILE = "continued_from.json"
+CONTINUED_IN = "continued_in.json"
+"""Written into the old run: it must not be resumed (or continued) a second time elsewhere."""
 
 
 @dataclass(frozen=True)
@@ -138,13 +140,17 @@ def seed_dirs(run_dir: Path) -> dict[int, Path]:
 
 
 def plan(source: Path, new: ResolvedExperiment, *, code_version: str, data_version: str, seed: int,
-         tracking_uri: str) -> Continuation:
-    """Check that the run in `source` (one seed's directory) can go on as `new`; `UsageError`
-    (one line, saying why) when not."""
+         tracking_uri: str, target: Path | None = None) -> Continuation:
+    """Check that the run in `source` (one seed's directory) can go on as `new` in `target`;
+    `UsageError` (one line, saying why) when not."""
     where = f"cannot continue {source}"
     identity = read_json(source / "identity.json") or {}
     if not (source / RESOLVED_FILE).is_file():
         raise UsageError(f"{where}: no {RESOLVED_FILE} (not a training run directory)")
+    went_on = continued_in(source)
+    if went_on and (target is None or went_on.resolve() != Path(target).resolve()):
+        # Two continuations of one run would write two futures into one MLflow run.
+        raise UsageError(f"{where}: it was already continued in {went_on}; continue that run instead")
     result = read_json(source / "result.json") or {}
     old = load_resolved(source / RESOLVED_FILE)
     reason = refusal(old, identity, new, code_version, data_version, seed)
@@ -160,6 +166,12 @@ def plan(source: Path, new: ResolvedExperiment, *, code_version: str, data_versi
         raise UsageError(f"{where}: no valid checkpoint under {source / 'checkpoints'}")
     step = int(found.name[len(ckpt.PREFIX):])
     return Continuation(source, found, step, layout_of(old), layout_of(new))
+
+
+def continued_in(seed_dir: Path) -> Path | None:
+    """The run directory this run was continued in (under another layout), if any."""
+    went_on = (read_json(Path(seed_dir) / CONTINUED_IN) or {}).get("run_dir")
+    return Path(went_on) if went_on else None
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -189,7 +201,7 @@ def seed_run(cont: Continuation, seed_dir: Path) -> bool:
         if (cont.source / name).is_file() and not (seed_dir / name).exists():
             shutil.copy2(cont.source / name, seed_dir / name)
     atomic_write_json(seed_dir / CONTINUED_FILE, cont.record() | {"checkpoint": str(cont.checkpoint)})
-    atomic_write_json(cont.source / "continued_in.json", {"run_dir": str(seed_dir), "step": cont.step})
+    atomic_write_json(cont.source / CONTINUED_IN, {"run_dir": str(seed_dir), "step": cont.step})
     return True
 
 

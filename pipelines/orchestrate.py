@@ -545,6 +545,10 @@ class ExperimentFlow:
         """With --continue-from: the checked plan to continue that run's seed (UsageError, one
         line, when it cannot be). Without: None, after saying so when a run of the same work
         has checkpoints under another layout and this one would start at step 0."""
+        went_on = continuation.continued_in(seed_dir)
+        if went_on is not None:  # resuming here too would write a second future into its MLflow run
+            raise UsageError(f"{seed_dir} was continued in {went_on} under another layout; "
+                             f"go on there (--continue-from {went_on} with that layout's file)")
         source_dir = self.options.continue_from
         if source_dir is None:
             if not ckpt.list_checkpoints(seed_dir / "checkpoints"):
@@ -565,7 +569,8 @@ class ExperimentFlow:
             raise UsageError(f"cannot continue {sources[seed]}: its job is still running; "
                              f"stop it first (pipeline cancel {sources[seed]})")
         return continuation.plan(sources[seed], seeded, code_version=identity.code.tree,
-                                 data_version=identity.data_version, seed=seed, tracking_uri=self.tracking_uri)
+                                 data_version=identity.data_version, seed=seed, tracking_uri=self.tracking_uri,
+                                 target=seed_dir)
 
     @staticmethod
     def _still_running(seed_dir: Path):
