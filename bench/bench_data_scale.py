@@ -163,6 +163,51 @@ def ceiling(corpus: Path, tokenizer_path: Path, mb: float) -> dict:
             "ceiling_cpu_per_wall": round(best[1], 2)}
 
 
+_SAMPLE_CHILD = """
+import json, sys
+from pathlib import Path
+from validation.data import prepare_data
+from validation.spec import DataSpec
+repo, cache, workers = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+data = DataSpec.model_validate({"sources": [{"name": "s", "path": "data/sample.jsonl", "weight": 1.0}], "task_bytes": 16 << 20,
+                                "tokenizer": {"kind": "local", "path": "data/tok"}})
+prepared = prepare_data(data, repo, cache_root=cache, progress=False, workers=workers)
+print(json.dumps({"version": prepared.version, "tokens": prepared.stats["s"]["tokens"]}))
+"""
+
+
+def side_by_side(repo: Path, corpus: Path, tokenizer_path: Path, mb: float, workers: int, rounds: int = 2) -> dict:
+    """The preparation's tokenize stage and the bare encoder on the same text, interleaved
+    (ceiling, stage, ceiling, stage, ...), so both see the same load of a shared machine."""
+    import shutil
+
+    sample = repo / "data/sample.jsonl"
+    with corpus.open("rb") as src, sample.open("wb") as dst:
+        written = 0
+        for line in src:
+            dst.write(line)
+            written += len(line)
+            if written >= mb * 1e6:
+                break
+    (repo / "data/tok").mkdir(exist_ok=True)
+    shutil.copyfile(tokenizer_path, repo / "data/tok/tokenizer.json")
+    ceilings, stages = [], []
+    for r in range(rounds):
+        ceilings.append(ceiling(sample, tokenizer_path, mb)["ceiling_tokens_per_s"])
+        cache = repo / f"sample-cache-{r}"
+        out = subprocess.run([sys.executable, "-c", _SAMPLE_CHILD, str(repo), str(cache), str(workers)],
+                             capture_output=True, text=True, cwd=REPO)
+        assert out.returncode == 0, out.stderr[-2000:]
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        timings = json.loads((cache / ".logs" / got["version"] / "timings.json").read_text())
+        stages.append(round(got["tokens"] / timings["seconds"]["tokenize"]))
+        shutil.rmtree(cache)
+    ceilings.append(ceiling(sample, tokenizer_path, mb)["ceiling_tokens_per_s"])
+    ratios = [round(stages[i] / ((ceilings[i] + ceilings[i + 1]) / 2), 3) for i in range(rounds)]
+    return {"side_by_side_mb": round(written / 1e6, 1), "side_by_side_ceiling_tokens_per_s": ceilings,
+            "side_by_side_stage_tokens_per_s": stages, "side_by_side_stage_vs_ceiling": ratios}
+
+
 def _cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -175,7 +220,7 @@ def main() -> dict:
     parser.add_argument("--mb", type=float, default=600.0, help="size of the generated source")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--ceiling-mb", type=float, default=60.0)
-    parser.add_argument("--skip-ceiling", action="store_true")
+    parser.add_argument("--skip-ceiling", action="store_true", help="no ceiling and no side-by-side runs")
     parser.add_argument("--tmp", default=None, help="where the corpus and cache go (default: the system temp)")
     parser.add_argument("--no-append", action="store_true")
     parser.add_argument("--status", type=Path, default=None, help="rewrite this JSON file every 10 s while preparing")
@@ -203,6 +248,8 @@ def main() -> dict:
                                    args.ceiling_mb))
             figures["tokenize_stage_vs_ceiling"] = round(figures["tokenize_stage_tokens_per_s"]
                                                          / figures["ceiling_tokens_per_s"], 3)
+            figures.update(side_by_side(repo, repo / "data/big.jsonl", Path(run["path"]) / "tokenizer/tokenizer.json",
+                                        args.ceiling_mb, args.workers))
         figures["load_avg_end"] = round(os.getloadavg()[0], 1)
     print(json.dumps(figures, indent=1))
     if not args.no_append:
