@@ -146,7 +146,7 @@ class Architecture(PluginSection):
         """6 x matmul parameters + attention: the MFU convention, exact for the matmuls."""
         return 6.0 * self.matmul_parameters() + self.attention_flops_per_token(seq_len)
 
-    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: int) -> int:
+    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: float) -> float:
         raise NotImplementedError(f"{type(self).__module__}: activation_bytes_per_layer() is part of the contract")
 
     def tensor_parallel_plan(self) -> dict[str, TPStyle]:

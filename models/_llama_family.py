@@ -68,7 +68,7 @@ class LlamaFamily(HFCausalLM):
         per_layer = self.attention_matmul_parameters() + 3 * self.hidden_size * self.ffn_size
         return self.num_layers * per_layer + self.vocab_size * self.hidden_size  # the head (tied or not)
 
-    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: int) -> int:
+    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: float) -> float:
         """Saved tensors of one block, per token (fitted term by term to the tensors the HF Llama
         forward saves, bench/bench_architectures.py): the two RMSNorms and the residual stream
         (4 x hidden), q before and after rotary and as the attention kernel and o_proj see it

@@ -44,7 +44,7 @@ class Config(HFCausalLM):
         h, f = self.hidden_size, self.ffn_size
         return self.num_layers * (4 * h * h + 2 * h * f) + self.vocab_size * h  # positions are a lookup
 
-    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: int) -> int:
+    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: float) -> float:
         """Saved tensors of one GPT-2 block, per token (fitted term by term to the tensors the HF
         forward saves, bench/bench_architectures.py): LayerNorms, the fused qkv output and its
         split, the attention output and c_proj input (8 x hidden), the MLP (c_fc output and the

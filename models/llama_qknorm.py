@@ -51,7 +51,7 @@ class Config(LlamaFamily):
     def block_extra_parameters(self) -> int:
         return super().block_extra_parameters() + (2 * self.head_dim if self.qk_norm else 0)
 
-    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: int) -> int:
+    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: float) -> float:
         """The Llama block's, plus each QK-norm's input and output (2 x q width, 2 x kv width) and
         its per-head statistic, plus the gate's sigmoid and the gated product's other input
         (2 x q width); measured in bench/bench_architectures.py."""

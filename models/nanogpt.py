@@ -70,7 +70,7 @@ class Config(Architecture):
         h, f = self.hidden_size, self.ffn_size
         return self.num_layers * (4 * h * h + 2 * h * f) + self.vocab_size * h
 
-    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: int) -> int:
+    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: float) -> float:
         """Saved tensors of one block: two LayerNorms (input + normalised, 2 x s*b*h each), q/k/v
         (3 x), the attention output and proj input (2 x), the MLP (fc output, gelu output:
         2 x s*b*ffn), and the boolean document mask (s^2 x b, one byte each)."""

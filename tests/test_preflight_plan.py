@@ -171,7 +171,8 @@ def test_eager_attention_stores_the_score_matrices():
     # eager keeps the softmax output: heads x seq_len more elements per token, bf16 (2 bytes).
     sdpa = make_spec(TINY_LLAMA, data={"seq_len": 128}, train={"micro_batch_size": 8, "precision": "bf16"})
     without = estimate_memory(sdpa, ParallelLayout(dp=1)).activations_bytes
-    assert memory.activations_bytes - without == 2 * (4 * 128) * 128 * 8 * 2
+    bf16 = preflight.ACTIVATION_ELEMENT_BYTES["bf16"]  # autocast: a mix of 16- and 32-bit tensors
+    assert memory.activations_bytes - without == int(2 * (4 * 128) * 128 * 8 * bf16)
 
 
 def test_seven_b_on_eight_h100_needs_fsdp():
@@ -193,7 +194,7 @@ def test_seven_b_on_eight_h100_needs_fsdp():
     shard = 6_738_415_616 // 8  # = 842,301,952 exactly
     assert m.parameters_per_device == shard
     assert (m.weights_bytes, m.gradients_bytes, m.optimizer_bytes) == (shard * 2, shard * 2, shard * 12)
-    per_layer = spec.model.activation_bytes_per_layer(4096, 1, 2)
+    per_layer = int(spec.model.activation_bytes_per_layer(4096, 1, preflight.ACTIVATION_ELEMENT_BYTES["bf16"]))
     assert m.activations_bytes == 32 * per_layer
     assert m.logits_bytes == 4096 * 1 * 32000 * 8
     assert m.overhead_bytes == FRAMEWORK_OVERHEAD_BYTES_GPU
@@ -202,7 +203,7 @@ def test_seven_b_on_eight_h100_needs_fsdp():
     layer = spec.model.block_parameters() // 32  # (6,738,415,616 - 2 x 32000 x 4096 - 4096 final norm) / 32
     assert m.wrapper_bytes == layer * 4 + layer * 2
     assert m.total_bytes == shard * 16 + layer * 6 + 32 * per_layer + 4096 * 32000 * 8 + GIB
-    assert m.fits and 50 < m.headroom_pct < 65
+    assert m.fits and 40 < m.headroom_pct < 65
 
 
 def test_seventy_b_needs_tensor_and_pipeline_parallelism():
@@ -227,16 +228,17 @@ def test_seventy_b_needs_tensor_and_pipeline_parallelism():
     )
     plan = plan_parallel(four)
     # Full sharding alone does not fit; the first layout that does splits layers over 8
-    # pipeline stages and heads over tp=2, with FSDP over the remaining dp=2.
-    assert (plan.dp, plan.tp, plan.pp, plan.fsdp) == (2, 2, 8, True)
+    # pipeline stages and heads over tp=4 (no FSDP needed then).
+    assert (plan.dp, plan.tp, plan.pp, plan.fsdp) == (1, 4, 8, False)
     assert plan.rejected[1].startswith("dp=32 tp=1 pp=1 fsdp:")
     # 10 layers per stage x (5 replicated elements + the rest / tp) x 4 micro-batches (1F1B).
-    full = four.model.activation_bytes_per_layer(4096, 1, 2)
-    unsplit = 5 * 2 * 4096 * 8192
-    assert plan.memory.activations_bytes == 10 * (unsplit + -(-(full - unsplit) // 2)) * 4
+    bf16 = preflight.ACTIVATION_ELEMENT_BYTES["bf16"]
+    full = int(four.model.activation_bytes_per_layer(4096, 1, bf16))
+    unsplit = int(5 * bf16 * 4096 * 8192)
+    assert plan.memory.activations_bytes == 10 * (unsplit + -(-(full - unsplit) // 4)) * 4
     fsdp_only = estimate_memory(four, ParallelLayout(dp=32, fsdp=True))
     assert not fsdp_only.fits
-    assert plan.layout() == ParallelLayout(dp=2, tp=2, pp=8, fsdp=True)
+    assert plan.layout() == ParallelLayout(dp=1, tp=4, pp=8, fsdp=False)
 
 def test_pipeline_stages_when_heads_forbid_tensor_parallelism():
     # One KV head (multi-query attention): tp must divide it, so only pp can split activations.
@@ -247,7 +249,7 @@ def test_pipeline_stages_when_heads_forbid_tensor_parallelism():
     )
     plan = plan_parallel(spec)
     assert (plan.dp, plan.tp, plan.pp, plan.fsdp) == (4, 1, 2, True)
-    per_layer = spec.model.activation_bytes_per_layer(16384, 1, 2)
+    per_layer = int(spec.model.activation_bytes_per_layer(16384, 1, preflight.ACTIVATION_ELEMENT_BYTES["bf16"]))
     assert plan.memory.activations_bytes == (32 // 2) * per_layer  # 16 layers, 1 in flight
 
     # With 2 micro-batches per step a 1F1B first stage holds 2 in flight, so pp=2 no

@@ -152,7 +152,7 @@ class ForeignArchitecture(Architecture):
     def matmul_parameters(self) -> int:
         return self.vocab_size * self.hidden_size + self.block_parameters()
 
-    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: int) -> int:
+    def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: float) -> float:
         return 34 * seq_len * micro_batch * self.hidden_size * element_bytes // 2  # Korthikanti, per element
 
 
