@@ -96,7 +96,6 @@ def test_build_optimizer_uses_the_fused_kernel_on_cpu():
     from types import SimpleNamespace
 
     from trainer.optim import build_optimizer, implementation
-
     from validation.spec import OPTIMIZERS, model_spec
 
     train = SimpleNamespace(lr=1e-3, weight_decay=0.1, optimizer=OPTIMIZERS["adamw"]())
