@@ -453,6 +453,10 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
     trainer_version = result.get("trainer_version") or identity.get("trainer_version")
     if trainer_version:
         tags["trainer_version"] = str(trainer_version)
+    export = result.get("export")
+    if isinstance(export, dict) and export.get("how"):  # how RUN/model/ loads, from the architecture file
+        tags["export"] = str(export["how"])
+        tags["export_loadable"] = "true" if export.get("loadable") else "false"
 
     passed, failed = _data_check_of(run_dir)
     data = DataInfo(

@@ -182,6 +182,11 @@ def _warnings(candidates: Sequence[RunRecord], baselines: Sequence[RunRecord], c
         warnings.append(f"Reused runs trained for {', '.join(reused)} (same identity): not charged to `{name}`.")
     if comparison.primary and comparison.primary.n < h.seeds:
         warnings.append(f"Only {comparison.primary.n} of the {h.seeds} planned seeds could be paired.")
+    # An exported model that transformers cannot load is said, with how it does load (the
+    # architecture file's own statement): never a silently different model in the registry.
+    refusals = sorted({r.tags["export"] for r in candidates if r.tags.get("export_loadable") == "false"})
+    if refusals:
+        warnings.append("Exported model: " + "; ".join(refusals))
     return warnings
 
 
