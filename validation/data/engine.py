@@ -84,7 +84,7 @@ def run_stage(
 
 
 def _local_executor_class() -> Any:
-    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.executor import LocalPipelineExecutor  # type: ignore[import-untyped]
 
     class PreparationLocalExecutor(LocalPipelineExecutor):  # type: ignore[misc]
         """Quiet in every worker process too (the patch must precede datatrove's task logger)."""
@@ -124,7 +124,7 @@ def _run_local(step: Callable[..., Any], tasks: int, logs: Path, workers: int,
 
 
 def _slurm_executor_class() -> Any:
-    from datatrove.executor.slurm import SlurmPipelineExecutor
+    from datatrove.executor.slurm import SlurmPipelineExecutor  # type: ignore[import-untyped]
 
     class PreparationSlurmExecutor(SlurmPipelineExecutor):  # type: ignore[misc]
         """No separate stats-merging job: the driver merges what it needs itself."""
@@ -138,8 +138,8 @@ def _slurm_executor_class() -> Any:
             _quiet_datatrove()
             return super()._run_for_rank(rank, local_rank, node_rank)
 
-        def get_sbatch_args(self, max_array: int = 1) -> dict:
-            args = super().get_sbatch_args(max_array)
+        def get_sbatch_args(self, max_array: int = 1) -> dict[str, Any]:
+            args: dict[str, Any] = super().get_sbatch_args(max_array)
             if not args.get("partition"):  # datatrove always writes one; none means the default
                 args.pop("partition", None)
             if "mem" in args:  # a memory limit per task, not datatrove's per-CPU default (sbatch takes one)

@@ -444,15 +444,15 @@ def _merge_counts(data: DataSpec, plan: Plan) -> dict[str, Any]:
             if entry["max_eval"] and (agg["max_eval"] is None or entry["max_eval"][:2] > agg["max_eval"][:2]):
                 agg["max_eval"] = entry["max_eval"]
     near = _near_duplicates(plan) if plan.near_dedup else {}
-    for task, idxs in near.items():
-        docs = np.load(plan.task_dir("scan", task) / "docs.npy", mmap_mode="r")
+    for near_task, idxs in near.items():
+        docs = np.load(plan.task_dir("scan", near_task) / "docs.npy", mmap_mode="r")
         held = int((docs["h0"][idxs] < np.uint64(plan.eval_threshold)).sum())
-        agg = per[plan.tasks[task].source]
+        agg = per[plan.tasks[near_task].source]
         agg["near"] = agg.get("near", 0) + len(idxs)
         agg["eval"] -= held
         agg["train"] -= len(idxs) - held
         for key in ("min_train", "max_eval"):
-            if agg[key] and agg[key][2] == task and agg[key][3] in set(idxs.tolist()):
+            if agg[key] and agg[key][2] == near_task and agg[key][3] in set(idxs.tolist()):
                 agg[f"recompute_{key}"] = True
     near_keys = {(t, int(i)) for t, idxs in near.items() for i in idxs}
     for s, agg in enumerate(per):

@@ -51,7 +51,7 @@ def verify_manifest(root: Path) -> dict[str, Any]:
     """Check every file against the manifest (sizes first, then sha256); return the manifest."""
     where = f"prepared data at {root}"
     try:
-        manifest = json.loads((root / MANIFEST).read_text())
+        manifest: dict[str, Any] = json.loads((root / MANIFEST).read_text())
         files = manifest["files"]
         version = manifest["version"]
     except FileNotFoundError as exc:

@@ -66,7 +66,8 @@ def minhash_bands(text: str) -> np.ndarray:
             shingles = shingles + words[j:words.size - k + 1 + j] * _MH_MIX[j]
         signature = ((_MH_A[:, None] * shingles[None, :] + _MH_B[:, None]) >> np.uint64(32)).min(axis=1)
         rows = signature.reshape(MINHASH_BANDS, MINHASH_ROWS)
-        return (rows * _MH_MIX[None, :MINHASH_ROWS]).sum(axis=1, dtype=np.uint64)
+        bands: np.ndarray = (rows * _MH_MIX[None, :MINHASH_ROWS]).sum(axis=1, dtype=np.uint64)
+    return bands
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,8 @@ class Plan:
 
 def bucket_of(h0: np.ndarray, buckets: int) -> np.ndarray:
     """Hash-range bucket: monotone in h0, so bucket order is hash order."""
-    return ((h0 >> np.uint64(32)) * np.uint64(buckets)) >> np.uint64(32)
+    out: np.ndarray = ((h0 >> np.uint64(32)) * np.uint64(buckets)) >> np.uint64(32)
+    return out
 
 
 def _hash_words(digest: bytes) -> tuple[int, int]:
@@ -370,8 +372,8 @@ def _tokenizer_threads(threads: int) -> None:
 def _quiet_datatrove() -> None:
     """datatrove logs every task's INFO lines to stderr; keep them in its per-task log file only
     (the driver shows one progress bar and errors as one line)."""
-    import datatrove.executor.base as base
-    from datatrove.utils import logging as dt_logging
+    import datatrove.executor.base as base  # type: ignore[import-untyped]
+    from datatrove.utils import logging as dt_logging  # type: ignore[import-untyped]
 
     if getattr(base, "_pipeline_quiet", False):
         return
@@ -387,8 +389,8 @@ def _quiet_datatrove() -> None:
         dt_logging.logger.remove()
         logfile.close()
 
-    base.add_task_logger = add_task_logger  # type: ignore[attr-defined]
-    base.close_task_logger = close_task_logger  # type: ignore[attr-defined]
-    base.log_pipeline = lambda pipeline: None  # type: ignore[attr-defined]
+    base.add_task_logger = add_task_logger
+    base.close_task_logger = close_task_logger
+    base.log_pipeline = lambda pipeline: None
     dt_logging.logger.remove()
-    base._pipeline_quiet = True  # type: ignore[attr-defined]
+    base._pipeline_quiet = True
