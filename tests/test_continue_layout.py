@@ -10,6 +10,7 @@ processes with TP, and compares the one history with an uninterrupted 2-rank run
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 from typing import Any
@@ -339,7 +340,7 @@ def test_a_killed_fsdp_run_continues_on_one_process_then_on_tp_with_one_history(
     events = [(a["step"], a["message"]) for a in _alerts(tp, "resharded")]
     assert events == [(4, "resharded at step 4: 2 -> 1 processes (dp 2, fsdp -> dp 1)"),
                       (8, "resharded at step 8: 1 -> 2 processes (dp 1 -> dp 1 x tp 2)")]
-    report = (candidate.report_dir / "report.md").read_text()  # type: ignore[operator]
+    report = html.unescape((candidate.report_dir / "report.md").read_text())  # type: ignore[operator]
     assert "resharded at step 4: 2 -> 1 processes" in report and "resharded at step 8: 1 -> 2 processes" in report
 
     identity = json.loads((tp / "identity.json").read_text())
