@@ -128,7 +128,7 @@ class GitHubEmulator:
         self.hooks: list[list[Any]] = []  # [method, path regex, body text, action], see `after`
         self.jit_requests: list[dict[str, Any]] = []  # bodies of generate-jitconfig calls
         self.faults: list[Fault] = []
-        self.log: list[list[Any]] = []  # [method, path, status]; status 0 until answered (or dropped)
+        self.log: list[list[Any]] = []  # [method, path, status, token]; status 0 until answered (or dropped)
         self.registration_tokens: list[str] = []
         self.history: list[tuple[int, str]] = []  # (comment id, body) of every create and edit, in order
         self._ids = 1000
@@ -483,6 +483,10 @@ class GitHubEmulator:
         r = self.repos[repo]
         return [self._comment_json(r, c) for c in sorted(r.comments.values(), key=lambda c: c["id"])
                 if c["_issue"] == number]
+
+    def requests_by_token(self, token: str) -> list[tuple[str, str, int]]:
+        """(method, path, status) of every request that presented `token`."""
+        return [(e[0], e[1], e[2]) for e in list(self.log) if len(e) > 3 and e[3] == token]
 
     def requests_made(self, method: str | None = None, path_regex: str = "") -> list[tuple[str, str, int]]:
         """(method, path, status) of every request received, in arrival order (status 0: no answer)."""
@@ -1013,7 +1017,7 @@ def _make_handler(em: GitHubEmulator) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             auth = self.headers.get("Authorization", "")
-            entry: list[Any] = [method, path, 0]
+            entry: list[Any] = [method, path, 0, auth.split(" ")[-1]]
             em.log.append(entry)
             fault = em._take_fault(method, path)
             if em.latency:
