@@ -290,8 +290,20 @@ class TokenizeTask(_Task):
     stage = "tokenize"
 
     def run(self, rank: int, out: Path) -> None:
+        # In-process (one worker) this is the caller's process: leave its environment as it was.
+        saved = {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")}
+        try:
+            _tokenizer_threads(self.plan.threads)
+            self._run(rank, out)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def _run(self, rank: int, out: Path) -> None:
         plan = self.plan
-        _tokenizer_threads(plan.threads)
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(plan.extra["tokenizer"])
