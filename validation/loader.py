@@ -18,6 +18,7 @@ Every issue becomes one `path:line:col: field: message` line in a single `SpecEr
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import math
 import os
@@ -31,7 +32,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from validation.errors import Issue, SpecError
+from validation.errors import Issue, PipelineError, SpecError
 from validation.paths import (
     DATA_ROOTS_ENV,
     EXPERIMENTS_DIR,
@@ -185,6 +186,10 @@ def dotted(path: PathKey) -> str:
         else:
             out += ("." if out else "") + str(part)
     return out or YAML_FIELD
+
+
+_COMPARING: contextvars.ContextVar[bool] = contextvars.ContextVar("_COMPARING", default=False)
+"""Set while a baseline file is loaded for `check_metric_comparable` (it does not look further)."""
 
 
 def deep_merge(base: Any, override: Any) -> Any:
@@ -507,7 +512,34 @@ class _SpecLoader:
         for violation in rules.check(spec):
             self.add_at(doc, violation.path, violation.message)
         self.check_local_tokenizer(doc, spec)
+        self.check_metric_comparable(doc, spec)
         return spec
+
+    def check_metric_comparable(self, doc: _Doc, spec: ExperimentSpec) -> None:
+        """`rules.metric_comparable` against the baseline experiment's file: the one check that
+        reads a second spec (found by the one lookup rule, in this file's repository). The
+        baseline's own rules do not look further; a baseline that does not load is reported by
+        its own validation, not here."""
+        from validation import rules
+
+        if _COMPARING.get() or spec.hypothesis.baseline in (CHAMPION, spec.name):
+            return
+        if not spec.hypothesis.metric.startswith("eval/"):
+            return
+        if self.top.resolve().parent != (self.repo_root / EXPERIMENTS_DIR).resolve():
+            return  # an experiment of this repository is compared with its baseline there
+        found = experiment_file(self.repo_root, spec.hypothesis.baseline)
+        if found is None:
+            return
+        token = _COMPARING.set(True)
+        try:
+            baseline = load_spec(found, repo_root=self.repo_root)
+        except PipelineError:
+            return
+        finally:
+            _COMPARING.reset(token)
+        for violation in rules.metric_comparable(spec, baseline):
+            self.add_at(doc, violation.path, violation.message)
 
     def check_local_tokenizer(self, doc: _Doc, spec: ExperimentSpec) -> None:
         """A local tokenizer must fit the embedding: its `tokenizer.json` read as JSON (no
@@ -700,6 +732,14 @@ class _SpecLoader:
             if problem:
                 self.add_at(doc, path, problem)
                 doc.poisoned.add(path)
+
+        evaluation = data.get("eval")
+        if isinstance(evaluation, dict) and isinstance(evaluation.get("tasks"), list):
+            from validation.downstream import task_problems
+
+            for path, problem in task_problems(evaluation["tasks"], self.repo_root):
+                if path not in doc.poisoned:
+                    self.add_at(doc, path, problem)
 
         hypothesis = data.get("hypothesis")
         baseline = hypothesis.get("baseline") if isinstance(hypothesis, dict) else None
@@ -1026,6 +1066,11 @@ def _data_paths(data: dict[str, Any]) -> list[tuple[PathKey, Any]]:
         tokenizer = section.get("tokenizer")
         if isinstance(tokenizer, dict) and tokenizer.get("path") is not None:
             found.append((("data", "tokenizer", "path"), tokenizer["path"]))
+    evaluation = data.get("eval")
+    tasks = evaluation.get("tasks") if isinstance(evaluation, dict) else None
+    for i, task in enumerate(tasks if isinstance(tasks, list) else []):
+        if isinstance(task, dict) and task.get("path") is not None:
+            found.append((("eval", "tasks", i, "path"), task["path"]))
     model = data.get("model")
     if isinstance(model, dict) and model.get("init_from") is not None:
         found.append((("model", "init_from"), model["init_from"]))

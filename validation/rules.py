@@ -12,7 +12,6 @@ import difflib
 import math
 import re
 from collections.abc import Callable, Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,10 +153,39 @@ def metrics_exist(spec: ExperimentSpec) -> Iterator[Violation]:
             )
 
 
+def task_metrics_exist(spec: ExperimentSpec) -> Iterator[Violation]:
+    """`eval/task/<task>/<metric>` only exists for a task in `eval.tasks`."""
+    from validation.downstream import TASK_METRIC, task_name
+
+    tasks = [n for n in (task_name(t) for t in spec.eval.tasks) if n] if spec.eval is not None else []
+    metrics = {("hypothesis", "metric"): spec.hypothesis.metric}
+    if spec.sweep is not None and spec.sweep.metric is not None:
+        metrics[("sweep", "metric")] = spec.sweep.metric
+    for path, metric in metrics.items():
+        match = TASK_METRIC.match(metric)
+        if not match:
+            continue
+        if match["metric"] == "n" or match["metric"].endswith("_stderr"):
+            yield Violation(path, f"'{metric}' is a count or a standard error, not a task metric; use e.g. "
+                                  f"eval/task/{match['task']}/acc")
+        elif match["task"] not in tasks:
+            close = difflib.get_close_matches(match["task"], tasks, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            listed = ", ".join(tasks) if tasks else "none: add the task under eval.tasks"
+            yield Violation(path, f"'{metric}' names task '{match['task']}', which is not in eval.tasks "
+                                  f"({listed}){hint}")
+
+
 def metric_definition(spec: ExperimentSpec, metric: str) -> dict[str, Any]:
     """What an eval metric's value means besides the model, as far as a spec says it: how the
     held-out split is cut and packed and, for a per-token `loss`, the tokenizer. (Which text is
     held out is the data version, known after preparation: the report compares it.)"""
+    from validation.downstream import TASK_METRIC, task_name
+
+    task = TASK_METRIC.match(metric)
+    if task:  # a task metric means its task entry: the same file or name, limit and few-shot count
+        entries = [t for t in (spec.eval.tasks if spec.eval else []) if task_name(t) == task["task"]]
+        return {f"eval.tasks[{task['task']}]": entries[0].model_dump(mode="json") if entries else None}
     out: dict[str, Any] = {"data.seq_len": spec.data.seq_len, "data.eval_fraction": spec.data.eval_fraction,
                            "data.min_doc_chars": spec.data.min_doc_chars, "train.eval_batches": spec.train.eval_batches}
     if metric.endswith("/loss"):
@@ -175,7 +203,9 @@ def metric_comparable(spec: ExperimentSpec, baseline: ExperimentSpec) -> Iterato
     differing = [k for k in mine if mine[k] != theirs.get(k)]
     if not differing:
         return
-    if differing == ["data.tokenizer"]:
+    if differing[0].startswith("eval.tasks["):
+        advice = f"give both experiments the same {differing[0]} entry (the baseline runs its own eval.tasks)"
+    elif differing == ["data.tokenizer"]:
         advice = f"use `{metric.removesuffix('loss')}bpb` (bits per byte do not depend on the tokenizer)"
     else:
         held = [k for k in differing if k != "data.tokenizer"]
@@ -184,39 +214,6 @@ def metric_comparable(spec: ExperimentSpec, baseline: ExperimentSpec) -> Iterato
     yield Violation(("hypothesis", "metric"),
                     f"'{metric}' is defined differently here and in baseline '{baseline.name}' "
                     f"({', '.join(differing)} differ), so the two values are not comparable; {advice}")
-
-
-_COMPARING: ContextVar[bool] = ContextVar("_COMPARING", default=False)
-
-
-def metric_comparable_with_baseline(spec: ExperimentSpec) -> Iterator[Violation]:
-    """`metric_comparable` against the baseline experiment file. The one rule that reads other
-    files: the comparison is only defined between two specs, and rules see no file name, so it
-    applies to a spec that is the working directory repository's `experiments/<name>.yaml`
-    (what `pipeline validate` checks) with its baseline found by the one lookup rule. A file
-    that does not load is reported by its own validation, not here."""
-    from validation.errors import PipelineError
-    from validation.paths import experiment_file, repo_root_from_cwd
-    from validation.spec import CHAMPION
-
-    if _COMPARING.get() or spec.hypothesis.baseline == CHAMPION or not spec.hypothesis.metric.startswith("eval/"):
-        return
-    root = repo_root_from_cwd()
-    own, found = experiment_file(root, spec.name), experiment_file(root, spec.hypothesis.baseline)
-    if own is None or found is None:
-        return
-    token = _COMPARING.set(True)  # the files' own rules do not look further
-    try:
-        from validation.loader import load_spec
-
-        if load_spec(own, repo_root=root) != spec:
-            return  # this spec is not that file (a copy elsewhere, a test)
-        baseline = load_spec(found, repo_root=root)
-    except PipelineError:
-        return
-    finally:
-        _COMPARING.reset(token)
-    yield from metric_comparable(spec, baseline)
 
 
 def tokenizer_fits_model(spec: ExperimentSpec) -> Iterator[Violation]:
@@ -361,11 +358,11 @@ RULES: tuple[Rule, ...] = (
     global_batch_consistent,
     mixture_weights,
     metrics_exist,
+    task_metrics_exist,
     tokenizer_fits_model,
     baseline_is_another_experiment,
     schedule_fits_steps,
     precision_fits_device,
     launcher_consistent,
     sweep_parameters_exist,
-    metric_comparable_with_baseline,
 )
