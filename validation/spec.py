@@ -32,13 +32,14 @@ from pydantic import (
 )
 
 from models import Architecture, OptimizerConfig, architectures, optimizer_configs
+from validation.downstream import TASK_METRIC_PATTERN, EvalSpec
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{2,63}$"
 SOURCE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 # Metrics the trainer produces; `<source>` is a data source name.
 METRIC_PATTERN = (
     r"^(eval/(loss|bpb)|eval/[a-z0-9][a-z0-9_-]{0,31}/(loss|bpb)|train/loss|"
-    r"perf/tokens_per_s|perf/mfu|perf/peak_mem_gb)$"
+    r"perf/tokens_per_s|perf/mfu|perf/peak_mem_gb|" + TASK_METRIC_PATTERN + r")$"
 )
 CHAMPION = "champion"
 """The model registry alias of the promoted model; also the `hypothesis.baseline` that compares against it."""
@@ -63,7 +64,8 @@ class Hypothesis(Section):
     """A real sentence: what changes, what should happen to the metric and why."""
     metric: Annotated[str, Field(pattern=METRIC_PATTERN)]
     """A metric the trainer produces: `eval/loss`, `eval/bpb`, `eval/<source>/loss`, `eval/<source>/bpb`,
-    `train/loss`, `perf/tokens_per_s`, `perf/mfu` or `perf/peak_mem_gb`."""
+    `train/loss`, `perf/tokens_per_s`, `perf/mfu`, `perf/peak_mem_gb`, or `eval/task/<task>/<metric>`
+    of a task in `eval.tasks` (e.g. `eval/task/demo_next_line/acc`)."""
     direction: Literal["increase", "decrease"]
     """Which way the metric should move relative to the baseline."""
     min_effect: Annotated[float, Field(gt=0.0, le=10.0)]
@@ -501,6 +503,8 @@ class ExperimentSpec(Section):
     """Anomaly thresholds."""
     sweep: SweepSpec | None = None
     """Optional search over a few fields."""
+    eval: EvalSpec | None = None
+    """Downstream lm-evaluation-harness tasks scored on the final model (validation/downstream.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
 
@@ -516,6 +520,8 @@ class ExperimentSpec(Section):
         data = self.model_dump(mode="json", exclude=set(self.COSMETIC_FIELDS))
         data.pop("hypothesis", None)
         data.pop("sweep", None)
+        if data.get("eval") is None:
+            data.pop("eval", None)  # no tasks: the same identity as before `eval` existed
         data.get("train", {}).pop("max_restarts", None)
         return data
 
