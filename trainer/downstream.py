@@ -1,0 +1,289 @@
+"""Downstream evaluation with lm-evaluation-harness, over this project's own models.
+
+`ProjectLM` is an lm-eval `LM` over any architecture under models/: it needs only the contract
+every model keeps (forward takes `input_ids` and `position_ids`, returns `.logits`) and the
+run's `tokenizer.json`, so a plain-PyTorch model (models/nanogpt.py) is scored exactly like a
+transformers one. It implements log-likelihood (multiple choice), rolling log-likelihood
+(perplexity tasks) and greedy generation (no sampling, no KV cache: a full forward per token).
+
+Strategy under FSDP / TP: the evaluation runs **once, on rank 0, from the exported model**
+(`RUN/model/`, rebuilt with `models.load_exported`), after export; the other ranks wait at
+the final barrier. A sharded model is therefore never scored through collectives, the numbers
+do not depend on the layout that trained it, and the same export scored again gives the same
+numbers (requests are batched in a fixed order, greedy decoding, seeds fixed).
+
+Bounded: each task scores at most its `limit` examples; the whole evaluation stops after
+`eval.time_budget_s` (a task still running then fails with a clear reason). A failing task
+never fails the run: its error is recorded in `RUN/downstream/results.json` and the training
+result is kept.
+
+Trust: a task YAML may run Python (`!function`); what this module loads is PR code and runs in
+the training job only, never in a privileged one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from validation.downstream import EvalSpec, EvalTask
+
+log = logging.getLogger(__name__)
+RESULTS_DIR = "downstream"
+"""RUN/downstream/: results.json and samples_<task>.jsonl (one line per scored example)."""
+
+
+class TaskFailed(RuntimeError):
+    """A downstream task could not be scored (bad task, missing data, error mid-run, over budget)."""
+
+
+class BudgetExceeded(TaskFailed):
+    pass
+
+
+def _lm_base() -> type:
+    from lm_eval.api.model import LM
+
+    base: type = LM
+    return base
+
+
+def make_lm(model: torch.nn.Module, tokenizer: Any, max_length: int, batch_size: int = 16,
+            max_gen_tokens: int = 64, deadline: float | None = None) -> Any:
+    """An lm-eval `LM` over `model` (any architecture of models/) and a `tokenizers.Tokenizer`."""
+
+    class ProjectLM(_lm_base()):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.model, self.tok = model, tokenizer
+            self.max_length, self.batch_size, self.max_gen_tokens = max_length, batch_size, max_gen_tokens
+            self.device_ = next(model.parameters()).device
+
+        # -- helpers
+        def _encode(self, text: str) -> list[int]:
+            return list(self.tok.encode(text, add_special_tokens=False).ids)
+
+        def _check_time(self) -> None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise BudgetExceeded("the downstream evaluation ran past eval.time_budget_s")
+
+        def _logprobs(self, rows: list[list[int]]) -> torch.Tensor:
+            """log-softmax of the logits of right-padded rows [batch, len, vocab] (float32)."""
+            import torch
+
+            width = max(len(r) for r in rows)
+            ids = torch.zeros(len(rows), width, dtype=torch.long)
+            for i, r in enumerate(rows):
+                ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+            # One document per row (positions from 0); padding follows the real tokens, so causal
+            # attention keeps it out of every scored position.
+            pos = torch.arange(width).expand(len(rows), width)
+            with torch.no_grad():
+                out = self.model(input_ids=ids.to(self.device_), position_ids=pos.to(self.device_), use_cache=False)
+            return torch.log_softmax(out.logits.float(), dim=-1).cpu()
+
+        def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+            """(sum log p(continuation | context), greedy) for token pairs, batched longest first."""
+            rows = []
+            for ctx, cont in pairs:
+                whole = (ctx + cont)[-(self.max_length + 1):]  # keep the continuation, cut the context's left
+                rows.append((whole[:-1], min(len(cont), len(whole) - 1), whole))
+            order = sorted(range(len(rows)), key=lambda i: (-len(rows[i][0]), i))
+            results: list[tuple[float, bool]] = [(0.0, False)] * len(rows)
+            for start in range(0, len(order), self.batch_size):
+                self._check_time()
+                chunk = order[start:start + self.batch_size]
+                logp = self._logprobs([rows[i][0] for i in chunk])
+                for j, i in enumerate(chunk):
+                    inp, n_cont, whole = rows[i]
+                    targets = whole[-n_cont:]
+                    span = logp[j, len(inp) - n_cont:len(inp)]
+                    import torch
+
+                    tgt = torch.tensor(targets, dtype=torch.long)
+                    total = float(span.gather(1, tgt[:, None]).sum())
+                    greedy = bool((span.argmax(-1) == tgt).all())
+                    results[i] = (total, greedy)
+            return results
+
+        # -- the LM interface
+        def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+            pairs = []
+            for req in requests:
+                context, continuation = req.args
+                # Spaces belong to the continuation's first token (lm-eval's own convention).
+                n_spaces = len(context) - len(context.rstrip())
+                if n_spaces:
+                    continuation, context = context[-n_spaces:] + continuation, context[:-n_spaces]
+                whole, ctx = self._encode(context + continuation), self._encode(context)
+                cont = whole[len(ctx):] if whole[:len(ctx)] == ctx else self._encode(continuation)
+                if not ctx:
+                    ctx, cont = cont[:1], cont[1:]  # nothing to condition on: score from the 2nd token
+                pairs.append((ctx, cont if cont else whole[-1:]))
+            return self._score(pairs)
+
+        def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+            from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+            out = []
+            for req in requests:
+                (text,) = req.args
+                windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                    token_list=self._encode(text), prefix_token=0, max_seq_len=self.max_length, context_len=1)]
+                out.append(sum(s for s, _ in self._score([(list(c), list(t)) for c, t in windows])))
+            return out
+
+        def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+            out = []
+            for req in requests:
+                context, kwargs = req.args
+                until = kwargs.get("until") or []
+                until = [until] if isinstance(until, str) else list(until)
+                limit = min(int(kwargs.get("max_gen_toks", self.max_gen_tokens)), self.max_gen_tokens)
+                ids = self._encode(context) or [0]
+                made: list[int] = []
+                text = ""
+                for _ in range(limit):
+                    self._check_time()
+                    logp = self._logprobs([(ids + made)[-self.max_length:]])
+                    made.append(int(logp[0, -1].argmax()))  # greedy: the same text every time
+                    text = self.tok.decode(made)
+                    if any(u in text for u in until):
+                        break
+                for u in until:
+                    text = text.split(u)[0]
+                out.append(text)
+            return out
+
+    return ProjectLM()
+
+
+def _task_config(task: EvalTask, repo_root: Path) -> Any:
+    """A task lm-eval knows by name, or the config of a local task file with its data files made
+    absolute (relative to the file), so no run depends on the working directory."""
+    if task.path is None:
+        return task.name
+    from lm_eval.tasks._yaml_loader import load_yaml  # resolves `!function` relative to the file
+
+    file = (Path(repo_root) / task.path).resolve()
+    if not file.is_file():
+        raise TaskFailed(f"no task file {task.path}")
+    config = load_yaml(file)
+    kwargs = dict(config.get("dataset_kwargs") or {})
+    files = kwargs.get("data_files")
+
+    def absolute(ref: str) -> str:
+        found = file.parent / ref
+        if not found.is_file():
+            raise TaskFailed(f"{task.path}: its data file {ref} does not exist (for the demo task: pipeline data demo)")
+        return str(found)
+
+    if isinstance(files, str):
+        kwargs["data_files"] = absolute(files)
+    elif isinstance(files, list):
+        kwargs["data_files"] = [absolute(f) for f in files]
+    elif isinstance(files, dict):
+        kwargs["data_files"] = {k: absolute(v) if isinstance(v, str) else [absolute(f) for f in v]
+                                for k, v in files.items()}
+    config["dataset_kwargs"] = kwargs
+    if task.name:
+        config["task"] = task.name
+    return config
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe per-example records (lm-eval keeps tuples, numpy numbers, nan)."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str | int | bool) or value is None:
+        return value
+    if hasattr(value, "item"):
+        return _clean(value.item())
+    return str(value)
+
+
+def evaluate_tasks(lm: Any, spec: EvalSpec, repo_root: Path, out_dir: Path, seed: int = 1234,
+                   deadline: float | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+    """Score every task of `spec` with `lm`; (metrics, results). Metrics are
+    `eval/task/<task>/<metric>` plus `<metric>_stderr` and `n`. A task that fails is recorded in
+    results["tasks"][task]["error"] and the others still run; per-example records go to
+    `out_dir/samples_<task>.jsonl`, the summary to `out_dir/results.json`."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from validation.downstream import task_name
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics: dict[str, float] = {}
+    summary: dict[str, Any] = {"tasks": {}, "strategy": "rank 0, exported model", "seed": seed}
+    # Indexing lm-eval's own task folder takes seconds: only when a task is named, not a file.
+    manager = TaskManager(include_defaults=any(t.path is None for t in spec.tasks))
+    for task in spec.tasks:
+        name = task_name(task, repo_root) or str(task.path)
+        started = time.monotonic()
+        entry: dict[str, Any] = {"limit": task.limit, "num_fewshot": task.num_fewshot, "path": task.path}
+        try:
+            if deadline is not None and time.monotonic() > deadline:
+                raise BudgetExceeded("the downstream evaluation ran past eval.time_budget_s")
+            config = _task_config(task, repo_root)
+            result = lm_eval.simple_evaluate(
+                model=lm, tasks=[config], num_fewshot=task.num_fewshot, limit=task.limit, task_manager=manager,
+                log_samples=True, bootstrap_iters=1000, random_seed=seed, numpy_random_seed=seed,
+                torch_random_seed=seed, fewshot_random_seed=seed)
+            if result is None or name not in result.get("results", {}):
+                raise TaskFailed(f"lm-eval returned no results for task '{name}'")
+            row = result["results"][name]
+            n = int(result.get("n-samples", {}).get(name, {}).get("effective", task.limit))
+            values: dict[str, float] = {}
+            for key, value in row.items():
+                metric, _, flt = key.partition(",")
+                if flt not in ("none", "") or not isinstance(value, int | float) or isinstance(value, bool):
+                    continue
+                values[metric] = float(value)
+            for metric, value in values.items():
+                metrics[f"eval/task/{name}/{metric}"] = value
+            metrics[f"eval/task/{name}/n"] = float(n)
+            entry |= {"metrics": values, "n": n, "higher_is_better": _clean(result.get("higher_is_better", {})
+                                                                            .get(name, {}))}
+            with open(out_dir / f"samples_{name}.jsonl", "w", encoding="utf-8") as fh:
+                for sample in result.get("samples", {}).get(name, []):
+                    record = {k: sample.get(k) for k in ("doc_id", "target", "filtered_resps", "doc")}
+                    record |= {k: sample[k] for k in values if k in sample}
+                    fh.write(json.dumps(_clean(record), sort_keys=True) + "\n")
+        except Exception as exc:  # any task error, including lm-eval's own: keep the run's result
+            log.error("downstream task %s failed: %s: %s", name, type(exc).__name__, exc)
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+        entry["seconds"] = round(time.monotonic() - started, 3)
+        summary["tasks"][name] = entry
+    summary["metrics"] = metrics
+    (out_dir / "results.json").write_text(json.dumps(_clean(summary), indent=2, sort_keys=True), encoding="utf-8")
+    return metrics, summary
+
+
+def evaluate_export(model_dir: Path, spec: EvalSpec, repo_root: Path, out_dir: Path,
+                    seed: int = 1234) -> tuple[dict[str, float], dict[str, Any]]:
+    """Score the exported model in `model_dir` (RUN/model/) on one process."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from models import load_exported
+
+    deadline = time.monotonic() + spec.time_budget_s
+    torch.manual_seed(seed)
+    model = load_exported(model_dir)
+    fields = json.loads((model_dir / "export.json").read_text())["model"]
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    lm = make_lm(model, tokenizer, max_length=int(fields.get("max_position_embeddings", 2048)),
+                 batch_size=spec.batch_size, max_gen_tokens=spec.max_gen_tokens, deadline=deadline)
+    return evaluate_tasks(lm, spec, repo_root, out_dir, seed=seed, deadline=deadline)
