@@ -123,7 +123,7 @@ def _main(args: argparse.Namespace, state: dict[str, object]) -> int:
             spec = resolved.spec
             overfit = True
         trainer = Trainer(spec, args.run_dir, args.data_dir, tracking_uri=uri, overfit_one_batch=overfit,
-                          peak=resolved.compute.peak.device())
+                          peak=resolved.compute.peak.device(), repo_root=Path(resolved.repo_root))
         state["trainer"] = trainer
         _, code = trainer.run()
         return code

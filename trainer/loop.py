@@ -119,6 +119,7 @@ class Trainer:
         prepared: PreparedData | None = None,
         peak: DevicePeak | None = None,
         console_level: str = "INFO",
+        repo_root: Path | None = None,
     ):
         """`peak`: the device peak the resolve step worked out (`ResolvedExperiment.compute.peak`);
         `console_level`: the rank-0 console's level (the log files under `RUN/logs` keep everything)."""
@@ -133,6 +134,10 @@ class Trainer:
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.overfit = overfit_one_batch
+        self.repo_root = Path(repo_root) if repo_root is not None else None
+        """Where `eval.tasks` paths are relative to (the resolved spec's repository)."""
+        self.downstream: dict[str, Any] | None = None
+        """RUN/downstream/results.json's summary once the tasks were scored (`eval.tasks`)."""
         tr = spec.train
         if tr.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -508,6 +513,9 @@ class Trainer:
                 update_best(self.state, final_metrics, self.spec.train.early_stopping_patience)
             if self.is_main:
                 self.export()
+                task_metrics = self.score_tasks()  # rank 0 only, from RUN/model; the others wait below
+                self.sink.log_metrics(self.state.step, task_metrics)
+                final_metrics = final_metrics | task_metrics
             outcome.final_metrics = final_metrics
         else:
             self.wait_checkpoints()
@@ -527,6 +535,8 @@ class Trainer:
         result["layout"] = {"dp": self.dp, "tp": self.topo.tp, "fsdp": self.topo.fsdp, "sharded": self.topo.sharded,
                             "replicate": self.topo.replicate, "shard": self.topo.shard,
                             "params_on_rank0": self.local_params}
+        if self.downstream is not None:
+            result["downstream"] = {k: v for k, v in self.downstream.items() if k != "metrics"}
         # How the exported model loads (or why it does not): the report states it.
         result["export"] = (self.spec.model.export_note().model_dump() | {"architecture": self.spec.model.model_type,
                             "optimizer": self.spec.train.optimizer.name})
@@ -574,6 +584,31 @@ class Trainer:
             digest.update(name.encode())
             digest.update(local.detach().float().cpu().numpy().tobytes())
         return digest.hexdigest()[:16]
+
+    def score_tasks(self) -> dict[str, float]:
+        """`eval.tasks` on the exported model, on this process (trainer/downstream.py says why).
+        A failing task is recorded in RUN/downstream/results.json and never fails the run. Smoke
+        scores 4 examples of each task: a broken task fails the PR check, not the GPU job."""
+        if self.spec.eval is None:
+            return {}
+        from trainer.downstream import RESULTS_DIR, evaluate_export
+
+        spec = self.spec.eval
+        if self.overfit:
+            spec = spec.model_copy(update={"tasks": [t.model_copy(update={"limit": min(t.limit, 4)})
+                                                     for t in spec.tasks]})
+        started = time.time()
+        try:
+            metrics, self.downstream = evaluate_export(self.run_dir / "model", spec, self.repo_root or Path.cwd(),
+                                                       self.run_dir / RESULTS_DIR, seed=self.spec.train.seed)
+        except Exception as exc:  # noqa: BLE001 - the trained model and its result are kept whatever the tasks do
+            log.error("downstream evaluation failed: %s: %s", type(exc).__name__, exc)
+            self.downstream = {"error": f"{type(exc).__name__}: {exc}", "tasks": {}}
+            return {}
+        failed = [name for name, t in self.downstream["tasks"].items() if "error" in t]
+        log.info("downstream tasks scored in %.1f s: %s%s", time.time() - started, _fmt(metrics),
+                 f"; FAILED: {', '.join(failed)}" if failed else "")
+        return metrics
 
     def export(self) -> None:
         """RUN/model/: safetensors + config.json + tokenizer.json, for the registry."""
