@@ -5,8 +5,9 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # The CPU wheel of torch 2.13.0 (a GPU runner sets TORCH_SPEC to its CUDA build).
 TORCH_SPEC ?= torch==2.13.0
-# The example `make demo` runs end to end (with its baseline).
-EXPERIMENT ?= higher-lr
+# The example `make demo` runs end to end (with its baseline): a hypothesis on a downstream task
+# accuracy (docs/downstream.md), eval/loss beside it.
+EXPERIMENT ?= next-line-lr
 export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 export TOKENIZERS_PARALLELISM := false

@@ -66,6 +66,10 @@ def demo(
     corpus = build_demo_corpus(out, int(max_mb * 1e6) if max_mb else None)
     for name, path in corpus.paths.items():
         typer.echo(f"{name:<10} {corpus.documents[name]:>7} documents  {corpus.bytes[name] / 1e6:6.2f} MB  {path}")
+    from pipelines.demo_task import build_demo_task
+
+    task = build_demo_task(out)  # the demo's downstream task data (data/tasks/demo_next_line.yaml)
+    typer.echo(f"{'task':<10} {sum(1 for _ in open(task, encoding='utf-8')):>7} examples   {task}")
     typer.echo(f"built in {time.perf_counter() - started:.1f} s")
 
 

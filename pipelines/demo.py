@@ -19,6 +19,7 @@ from validation.paths import experiment_file, experiment_files, experiment_names
 
 
 def run_demo(repo: Path, experiment: str) -> None:
+    from pipelines.demo_task import build_demo_task
     from pipelines.orchestrate import ExperimentFlow, RunOptions, summary_lines
     from pipelines.progress import RichReporter
     from validation.data import build_demo_corpus
@@ -36,6 +37,7 @@ def run_demo(repo: Path, experiment: str) -> None:
     console.rule("1. demo corpus (standard library of this interpreter)")
     demo_dir = repo / "data" / "demo"
     build_demo_corpus(demo_dir)
+    build_demo_task(demo_dir)  # the downstream task's examples (data/tasks/demo_next_line.yaml)
     for f in sorted(demo_dir.glob("*.jsonl")):
         console.print(f"  {f.relative_to(repo)}  {f.stat().st_size / 1e6:.2f} MB")
 

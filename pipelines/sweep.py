@@ -199,8 +199,12 @@ def selection(spec: ExperimentSpec) -> tuple[str, str]:
     """(metric, 'min'|'max') used to pick the winner."""
     sweep = spec.sweep
     assert sweep is not None
+    from validation.downstream import better_direction
+
     metric = sweep.metric or spec.hypothesis.metric
-    mode = sweep.mode or ("min" if spec.hypothesis.direction == "decrease" else "max")
+    # A selection metric other than the hypothesis's: a task metric's own better direction.
+    direction = (better_direction(metric) if metric != spec.hypothesis.metric else None) or spec.hypothesis.direction
+    mode = sweep.mode or ("min" if direction == "decrease" else "max")
     return metric, mode
 
 

@@ -198,3 +198,38 @@ def test_validate_with_tasks_imports_neither_lm_eval_nor_torch(repo: Path):
             "bad = [m for m in ('torch', 'lm_eval', 'transformers', 'datasets') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code, str(path)], check=True, cwd=repo)
+
+
+@pytest.mark.unit
+def test_plan_shows_the_example_and_time_budget(repo: Path):
+    from validation.preflight import make_plan, render_plan_text
+
+    spec = load_spec(write(repo, """\
+        eval:
+          tasks:
+            - path: data/tasks/tiny_choice.yaml
+          time_budget_s: 90
+        """))
+    plan = make_plan(spec)
+    assert plan.to_dict()["downstream"] == ("200 examples, at most 90 s per run, rank 0 on the exported model: "
+                                            "tiny_choice (200 ex, 0-shot)")
+    assert "downstream     200 examples" in render_plan_text(plan)
+
+
+@pytest.mark.unit
+def test_a_sweep_selecting_on_a_task_metric_must_not_prune_and_maximises_accuracy(repo: Path):
+    from pipelines.sweep import selection
+
+    body = """\
+        eval:
+          tasks:
+            - path: data/tasks/tiny_choice.yaml
+        sweep:
+          parameters:
+            train.lr: [0.001, 0.002]
+          metric: eval/task/tiny_choice/acc
+        """
+    found = issues(write(repo, body, metric="eval/loss"))
+    assert len(found) == 1 and "sweep.prune: 'eval/task/tiny_choice/acc' is scored once" in found[0]
+    spec = load_spec(write(repo, body + "  prune: false\n", metric="eval/loss"))
+    assert selection(spec) == ("eval/task/tiny_choice/acc", "max")  # not the hypothesis's "decrease"

@@ -40,6 +40,10 @@ RESULTS_DIR = "downstream"
 """RUN/downstream/: results.json and samples_<task>.jsonl (one line per scored example)."""
 
 
+NOT_METRICS = frozenset({"alias", "sample_len", "samples"})
+"""Keys of an lm-eval result row that are not metrics (`n` is reported from its sample counts)."""
+
+
 class TaskFailed(RuntimeError):
     """A downstream task could not be scored (bad task, missing data, error mid-run, over budget)."""
 
@@ -248,7 +252,8 @@ def evaluate_tasks(lm: Any, spec: EvalSpec, repo_root: Path, out_dir: Path, seed
             values: dict[str, float] = {}
             for key, value in row.items():
                 metric, _, flt = key.partition(",")
-                if flt not in ("none", "") or not isinstance(value, int | float) or isinstance(value, bool):
+                if (flt not in ("none", "") or metric in NOT_METRICS or not isinstance(value, int | float)
+                        or isinstance(value, bool)):
                     continue
                 values[metric] = float(value)
             for metric, value in values.items():

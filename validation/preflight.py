@@ -319,6 +319,8 @@ class Plan:
     warnings: tuple[str, ...] = field(default=())
     seeds: int = 1
     """`hypothesis.seeds`: the plan says what that many paired seeds can decide."""
+    downstream: str | None = None
+    """`eval.tasks`: what the downstream evaluation may spend (`downstream_budget`); None without tasks."""
 
     @property
     def memory(self) -> MemoryEstimate:
@@ -344,6 +346,7 @@ class Plan:
                 "time_limit_minutes": self.resource.time_limit_minutes,
             },
             "warnings": list(self.warnings),
+            "downstream": self.downstream,
         }
 
 
@@ -802,7 +805,19 @@ def make_plan(
         resource=spec.resource,
         warnings=tuple(warnings),
         seeds=spec.hypothesis.seeds,
+        downstream=downstream_budget(spec),
     )
+
+
+def downstream_budget(spec: ExperimentSpec) -> str | None:
+    """One line: the tasks, their example budget and the time budget of each run's evaluation."""
+    if spec.eval is None:
+        return None
+    from validation.downstream import task_name
+
+    tasks = ", ".join(f"{task_name(t) or t.path} ({t.limit} ex, {t.num_fewshot}-shot)" for t in spec.eval.tasks)
+    return (f"{spec.eval.examples()} examples, at most {format_duration(spec.eval.time_budget_s)} per run, "
+            f"rank 0 on the exported model: {tasks}")
 
 
 # --------------------------------------------------------------------------- rendering
@@ -889,6 +904,7 @@ def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ),
         ("tier", f"{plan.tier.name}: {approvals} -- {plan.tier.reason}"),
         ("verdict", _seeds_note(plan.seeds)),
+        *([("downstream", plan.downstream)] if plan.downstream else []),
     ]
 
 

@@ -174,6 +174,10 @@ def task_metrics_exist(spec: ExperimentSpec) -> Iterator[Violation]:
             listed = ", ".join(tasks) if tasks else "none: add the task under eval.tasks"
             yield Violation(path, f"'{metric}' names task '{match['task']}', which is not in eval.tasks "
                                   f"({listed}){hint}")
+    selected = (spec.sweep.metric or spec.hypothesis.metric) if spec.sweep is not None else None
+    if spec.sweep is not None and spec.sweep.prune and selected and TASK_METRIC.match(selected):
+        yield Violation(("sweep", "prune"), f"'{selected}' is scored once, after training: successive halving "
+                                            "has no intermediate values to prune on; set sweep.prune: false")
 
 
 def metric_definition(spec: ExperimentSpec, metric: str) -> dict[str, Any]:
