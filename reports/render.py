@@ -256,6 +256,44 @@ def curves_section(report: Report) -> str | None:
     return details("📈 Curves", note + "\n\n" + "\n".join(charts), open_=True)
 
 
+def _task_cell(records: Sequence[RunRecord], key: str) -> str:
+    """Mean over seeds of a task metric, ± its mean lm-eval stderr, with the examples scored."""
+    values = [r.final_metrics[key] for r in records if key in r.final_metrics]
+    if not values:
+        return "—"
+    stderrs = [r.final_metrics[f"{key}_stderr"] for r in records if f"{key}_stderr" in r.final_metrics]
+    counts = [r.final_metrics[key.rsplit("/", 1)[0] + "/n"] for r in records
+              if key.rsplit("/", 1)[0] + "/n" in r.final_metrics]
+    text = fmt(sum(values) / len(values))
+    if stderrs:
+        text += f" ± {fmt(sum(stderrs) / len(stderrs), 2)}"
+    if counts:
+        text += f" (n {int(min(counts))})"
+    return text
+
+
+def task_section(report: Report) -> str | None:
+    """Downstream tasks (lm-eval): value ± stderr (n examples) on each side, mean over seeds."""
+    from validation.downstream import TASK_METRIC, better_direction
+
+    keys = sorted({k for r in (*report.candidates, *report.baselines) for k in r.final_metrics
+                   if (m := TASK_METRIC.match(k)) and m["metric"] != "n" and not m["metric"].endswith("_stderr")})
+    if not keys:
+        return None
+    rows = ["| task | metric | better | baseline | candidate |", "|---|---|---|---:|---:|"]
+    for key in keys:
+        m = TASK_METRIC.match(key)
+        assert m is not None
+        name = f"**`{m['metric']}`**" if key == report.hypothesis.metric else f"`{m['metric']}`"
+        better = "higher" if better_direction(key) == "increase" else "lower"
+        rows.append(f"| `{m['task']}` | {name} | {better} | {_task_cell(report.baselines, key)} | "
+                    f"{_task_cell(report.candidates, key)} |")
+    note = ("_lm-evaluation-harness on the exported model (one process), mean over seeds; ± is lm-eval's "
+            "bootstrap standard error of one run, n the examples scored. Per-example results: "
+            "`RUN/downstream/samples_<task>.jsonl`._")
+    return details(f"Downstream tasks ({len(keys)})", "\n".join(rows) + "\n\n" + note, open_=True)
+
+
 def all_metrics_section(report: Report) -> str | None:
     if not report.comparison.metrics:
         return None
@@ -393,6 +431,7 @@ def render_markdown(report: Report, *, mlflow_url: str | None = None, max_chars:
     assert max_chars >= 1000, "a comment limit below 1000 characters cannot hold a verdict"
     head = headline(report) + key_section(report)
     sections = [
+        ("Downstream tasks", task_section(report)),
         ("Curves", curves_section(report)),
         ("All metrics", all_metrics_section(report)),
         ("Parameters changed", params_section(report)),
