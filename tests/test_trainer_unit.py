@@ -192,6 +192,29 @@ def test_smoke_spec_shrinks_model_and_keeps_data() -> None:
 
 
 @pytest.mark.unit
+def test_smoke_keeps_the_experiments_optimizer_lr_and_schedule() -> None:
+    """Reproduced on the old main: smoke forced lr 3e-3 and a constant schedule whatever the
+    experiment said (and AdamW: there was no other). It is shrunk in steps, not changed in kind."""
+    from trainer.smoke import SMOKE_STEPS, smoke_spec
+    from validation.spec import ExperimentSpec
+
+    spec = ExperimentSpec.model_validate({
+        "name": "muon-run", "owner": "someone",
+        "hypothesis": {"statement": "Muon on the hidden matrices lowers the held-out loss on the mixture.",
+                       "metric": "eval/loss", "direction": "decrease", "min_effect": 0.01, "baseline": "champion"},
+        "model": {"model_type": "nanogpt", "hidden_size": 256, "num_layers": 6, "num_heads": 4, "vocab_size": 4096},
+        "data": {"sources": [{"name": "code", "path": "data/demo/code.jsonl", "weight": 1.0}], "seq_len": 256},
+        "train": {"max_steps": 300, "warmup_steps": 60, "lr": 6e-3, "schedule": "linear", "min_lr_ratio": 0.2,
+                  "optimizer": {"name": "muon", "lr": 0.05, "momentum": 0.9}},
+    })
+    small = smoke_spec(spec, tokenizer_vocab=1000)
+    assert small.model.model_type == "nanogpt" and small.model.hidden_size == 64
+    assert small.train.optimizer == spec.train.optimizer  # Muon with its own lr and momentum
+    assert (small.train.lr, small.train.schedule, small.train.min_lr_ratio) == (6e-3, "linear", 0.2)
+    assert small.train.warmup_steps == round(60 * SMOKE_STEPS / 300)  # the same share of the run
+
+
+@pytest.mark.unit
 def test_stall_watchdog_raises_when_no_step_completes() -> None:
     import threading
 
