@@ -233,3 +233,19 @@ def test_a_sweep_selecting_on_a_task_metric_must_not_prune_and_maximises_accurac
     assert len(found) == 1 and "sweep.prune: 'eval/task/tiny_choice/acc' is scored once" in found[0]
     spec = load_spec(write(repo, body + "  prune: false\n", metric="eval/loss"))
     assert selection(spec) == ("eval/task/tiny_choice/acc", "max")  # not the hypothesis's "decrease"
+
+
+@pytest.mark.unit
+def test_trusted_revalidation_does_not_look_for_a_task_file_the_pr_adds(repo: Path):
+    from validation.spec import foreign_plugins_allowed
+
+    (repo / "experiments" / "base.yaml").write_text(
+        (repo / "experiments" / "base.yaml").read_text().replace("tiny_choice.yaml", "pr_task.yaml"))
+    path = write(repo, """\
+        eval:
+          tasks:
+            - path: data/tasks/pr_task.yaml
+        """, metric="eval/task/pr_task/acc")
+    assert any("no task file data/tasks/pr_task.yaml" in i for i in issues(path))
+    with foreign_plugins_allowed():
+        assert load_spec(path).hypothesis.metric == "eval/task/pr_task/acc"
