@@ -65,3 +65,17 @@ def test_revalidation_imports_no_python_of_the_pr(tmp_path: Path):
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr[-800:]
     assert not marker.exists()
+
+
+def test_the_trusted_revalidation_does_not_need_the_prs_task_files(tmp_path: Path):
+    """It holds only the PR's experiments/ (as data): an eval task file elsewhere in the PR is
+    PR content the unprivileged check validated (found by the act trust test: /train would have
+    been refused for every PR with an eval task)."""
+    path = _pr_experiment(tmp_path)
+    text = path.read_text().replace("train:\n  optimizer:\n    name: my_optimizer\n    rho: 0.5\n", "")
+    path.write_text(text + "eval:\n  tasks:\n    - path: data/tasks/demo_next_line.yaml\n")
+    spec, issues = check_spec(path, repo_root=tmp_path)
+    assert any("no task file" in i.message for i in issues)
+    with foreign_plugins_allowed():
+        spec, issues = check_spec(path, repo_root=tmp_path)
+    assert not [i for i in issues if "task" in i.message], issues

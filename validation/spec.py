@@ -136,6 +136,12 @@ def foreign_plugins_allowed() -> Iterator[None]:
         _ALLOW_FOREIGN.reset(token)
 
 
+def foreign_plugins_active() -> bool:
+    """Whether this is the trusted re-validation (`foreign_plugins_allowed`), which sees a PR's
+    experiments/ as data and nothing else of it."""
+    return _ALLOW_FOREIGN.get()
+
+
 class ForeignArchitecture(Architecture):
     """A stand-in for an architecture file this checkout does not have. The common fields are
     checked; its own are kept unchecked; its counts are a generic dense-decoder estimate
