@@ -62,10 +62,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     raw: Any = t.raw_model
     shipped_forward = raw.forward
     upcast_forward = convert_outputs_to_fp32(shipped_forward)
-    opt_raw = build_optimizer(raw, spec.train)
+    opt_raw = build_optimizer(raw, spec.train, spec.model)
     torch.manual_seed(0)
     fresh = build_model(spec.model)
-    opt_fresh = build_optimizer(fresh, spec.train)
+    opt_fresh = build_optimizer(fresh, spec.train, spec.model)
     step = 0
 
     def run(variant: str) -> float:

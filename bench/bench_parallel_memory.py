@@ -185,22 +185,17 @@ def build_with_trainer(layout: str, micro: int, seq: int, world: int) -> Any:
 def build(layout: str, micro: int, seq: int, world: int) -> Any:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from transformers import AutoModelForCausalLM
-
-    from trainer.model import hf_config
-
     spec = bench_spec(layout, micro, seq, world)
-    cfg = hf_config(spec.model)
     torch.manual_seed(0)
     if layout == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+        model = spec.model.build()
         return DistributedDataParallel(model), model
     lay = layout_dict(layout, world)
     dp, tp = lay["dp"], lay.get("tp", 1)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+        model = spec.model.build()
     if tp > 1:
         mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
         apply_tp(model, mesh["tp"])
@@ -237,7 +232,7 @@ def worker(args: argparse.Namespace) -> None:
     wrapped, inner = builder(args.layout, args.micro, args.seq, world)
     local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in inner.parameters())
     spec = bench_spec(args.layout, args.micro, args.seq, world)
-    opt = build_optimizer(inner, spec.train)
+    opt = build_optimizer(inner, spec.train, spec.model)
     after_build = rss_bytes()
     gen = torch.Generator().manual_seed(1000 + (rank if args.layout in ("ddp", "fsdp", "fsdp_tp_2x1") else 0))
     steady, times, losses = [], [], []

@@ -84,7 +84,7 @@ def run_bare(prepared: Any, spec: Any) -> float:
     model = build_model(spec.model).cuda()
     if spec.train.compile:
         model = torch.compile(model)
-    opt = build_optimizer(model, spec.train)
+    opt = build_optimizer(model, spec.train, spec.model)
     batches = [{k: torch.from_numpy(b[k]).cuda() for k in ("input_ids", "labels", "position_ids")}
                for b in rows(prepared, spec)]
     done_at = []
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if peak is None:
         sys.exit(f"unknown device {name!r}: pass --peak-tflops (validation/flops.py has the table)")
     n_params = spec.model.parameter_count()
-    fpt = flops_per_token(spec.model, args.seq, n_params)
+    fpt = flops_per_token(spec.model, args.seq)
     work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
     got: dict[str, list[float]] = {"bare": [], "trainer": [], "hf": [], "mlflow_share": []}
     try:

@@ -133,21 +133,16 @@ def run_fsdp2(spec: Any, batches: list[dict[str, Any]], on_gpu: bool) -> dict[st
     from bench_parallel_memory import init_rope_buffers
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from transformers import AutoModelForCausalLM
-
-    from trainer.model import hf_config
-
     device = torch.device("cuda" if on_gpu else "cpu")
-    cfg = hf_config(spec.model)
     torch.manual_seed(0)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=spec.model.attn_implementation)
+        model = spec.model.build()
     mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("dp",))
     bf16 = spec.train.precision == "bf16"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
-    if cfg.tie_word_embeddings:  # one parameter: one group (FSDP2 refuses it in two)
+    if spec.model.tie_word_embeddings:  # one parameter: one group (FSDP2 refuses it in two)
         fully_shard([model.model.embed_tokens, model.lm_head], mesh=mesh, mp_policy=mp)
     else:
         fully_shard(model.model.embed_tokens, mesh=mesh, mp_policy=mp)
@@ -269,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"gpu_fsdp_bench: no peak FLOPS known for {name}; pass --peak-tflops", file=sys.stderr)
         return {}
     n_params = spec.model.parameter_count()
-    fpt = flops_per_token(spec.model, args.seq, n_params)
+    fpt = flops_per_token(spec.model, args.seq)
     work = Path(tempfile.mkdtemp(prefix="gpu-fsdp-bench-"))
     got: dict[str, list[float]] = {"fsdp2": [], "trainer": [], "hf": []}
     loss_check: dict[str, float] = {}

@@ -108,7 +108,7 @@ def bare(prepared: Any, precision: str, steps: int, deterministic: bool) -> dict
     spec = bench_spec(precision, steps)
     torch.manual_seed(0)
     model = build_model(spec.model)
-    opt = build_optimizer(model, spec.train)
+    opt = build_optimizer(model, spec.train, spec.model)
     batches = [{k: torch.from_numpy(b[k]) for k in ("input_ids", "labels", "position_ids")}
                for b in packed_batches(prepared, steps)]
     ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
