@@ -289,7 +289,7 @@ def task_section(report: Report) -> str | None:
         rows.append(f"| `{m['task']}` | {name} | {better} | {_task_cell(report.baselines, key)} | "
                     f"{_task_cell(report.candidates, key)} |")
     note = ("_lm-evaluation-harness on the exported model (one process), mean over seeds; ± is lm-eval's "
-            "bootstrap standard error of one run, n the examples scored. Per-example results: "
+            "standard error of one run (for acc, sqrt(p(1 - p) / (n - 1))), n the examples scored. Per-example results: "
             "`RUN/downstream/samples_<task>.jsonl`._")
     return details(f"Downstream tasks ({len(keys)})", "\n".join(rows) + "\n\n" + note, open_=True)
 
