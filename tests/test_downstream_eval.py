@@ -81,8 +81,10 @@ def _export(out: Path, model_type: str) -> Path:
     cls = architectures()[model_type]
     fields = {"model_type": model_type, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "vocab_size": 320,
               "max_position_embeddings": 64, "intermediate_size": 64, "tie_word_embeddings": False}
-    if model_type == "llama":
+    if model_type in ("llama", "llama_qknorm"):
         fields["num_kv_heads"] = 2
+    if model_type == "llama_qknorm":
+        fields |= {"qk_norm": True, "attn_gate": True}
     arch = cls.model_validate(fields)
     torch.manual_seed(0)
     model = arch.build()
@@ -111,7 +113,7 @@ def repo(tmp_path: Path) -> Path:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("model_type", ["nanogpt", "llama"])
+@pytest.mark.parametrize("model_type", ["nanogpt", "llama", "llama_qknorm"])
 def test_every_architecture_scores_a_task_and_the_same_export_gives_the_same_numbers(repo: Path, model_type: str):
     model_dir = _export(repo / "model", model_type)
     spec = EvalSpec.model_validate({"tasks": [{"path": "data/tasks/tiny_choice.yaml", "limit": 10}]})
