@@ -206,7 +206,8 @@ def test_two_experiments_at_once_share_one_baseline_training(tmp_path: Path) -> 
     assert [p.returncode for p in procs] == [0, 0], outputs
 
     runs = tmp_path / "runs"
-    dirs = {p.parent.name: p for p in runs.glob("*/*/*") if p.is_dir()}
+    # runs/<YYYYMMDD>/<experiment>/<run-id> (runs/registry/ holds the preregistrations)
+    dirs = {p.parent.name: p for p in runs.glob("[0-9]*/*/*") if p.is_dir()}
     assert set(dirs) == {"tiny-a", "tiny-b", "tiny-base"}
     client = MlflowClient(tracking_uri=uri)
     for name, expected in (("tiny-a", 1), ("tiny-b", 1), ("tiny-base", 1)):
