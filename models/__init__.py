@@ -324,24 +324,30 @@ def load_exported(directory: str | Path) -> Any:
     strictly (a tied output weight is legitimately absent), in eval mode."""
     import json
 
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     info = json.loads((directory / EXPORT_FILE).read_text())
     fields = dict(info["model"])
     arch = architectures()[fields["model_type"]].model_validate(fields)
     model = arch.build()
-    state = load_file(str(directory / "model.safetensors"))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set(arch.tied_weight_names) if arch.tie_word_embeddings else set()
-    missing = [k for k in missing if k not in tied]
-    if missing or unexpected:
-        raise ValueError(f"{directory}: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    if arch.tie_word_embeddings and hasattr(model, "tie_weights"):
-        model.tie_weights()  # type: ignore[operator]
+    load_weights(model, directory, arch)
     model.eval()
     return model
 
 
-__all__ = ["EXPORT_FILE", "load_exported", "Architecture", "ExportNote", "OptimizerConfig", "ParamRole", "PluginError", "PluginSection",
+def load_weights(model: Any, directory: str | Path, arch: Architecture) -> None:
+    """Load `model.safetensors` of a checkpoint or export directory into `model` (strict; a
+    tied output weight is legitimately absent), then re-tie it."""
+    from safetensors.torch import load_file
+
+    path = Path(directory) / "model.safetensors"
+    missing, unexpected = model.load_state_dict(load_file(str(path)), strict=False)
+    tied = set(arch.tied_weight_names) if arch.tie_word_embeddings else set()
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise ValueError(f"{path}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if arch.tie_word_embeddings and hasattr(model, "tie_weights"):
+        model.tie_weights()
+
+
+__all__ = ["EXPORT_FILE", "load_exported", "load_weights", "Architecture", "ExportNote", "OptimizerConfig", "ParamRole", "PluginError", "PluginSection",
            "TPStyle", "architectures", "optimizer_configs", "source_files", "source_hash"]

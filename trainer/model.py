@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from models import load_exported  # noqa: F401 - re-exported for the execution layer's readers
+from models import load_exported, load_weights  # noqa: F401 - one loader, in models/
 from validation.flops import flops_per_token  # re-exported: one formula, declared by the architecture
 
 __all__ = ["bits_per_byte", "build_model", "flops_per_token", "load_exported", "load_weights", "parameter_count"]
@@ -24,22 +24,6 @@ def build_model(model_spec: Any, init_from: Path | None = None) -> Any:
     if init_from is not None:
         load_weights(model, init_from, model_spec)
     return model
-
-
-def load_weights(model: Any, directory: Path, model_spec: Any) -> None:
-    """Load `model.safetensors` from a checkpoint or export directory (strict; a tied output
-    weight is legitimately absent)."""
-    from safetensors.torch import load_file
-
-    path = Path(directory) / "model.safetensors"
-    state = load_file(str(path))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set(model_spec.tied_weight_names) if model_spec.tie_word_embeddings else set()
-    missing = [k for k in missing if k not in tied]
-    if missing or unexpected:
-        raise ValueError(f"{path}: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    if model_spec.tie_word_embeddings and hasattr(model, "tie_weights"):
-        model.tie_weights()
 
 
 def parameter_count(model: Any) -> int:
