@@ -162,6 +162,9 @@ def plan(
     reference, reference_note = _reference_for(resolved, loaded)
     changes = diff_specs(reference.resolved_dict(), spec.resolved_dict()) if reference else []
     preflight, preflight_text, preflight_note = _preflight(spec, loaded)
+    sweep = _sweep_cost(resolved) if spec.sweep is not None and preflight is not None else None
+    tier = sweep["tier"] if sweep else (preflight or {}).get("tier")
+    preparation = _preparation(spec, Path(resolved.repo_root))
 
     if output_format is PlanFormat.json:
         payload = {
@@ -173,6 +176,9 @@ def plan(
             "changes": [{"field": f, "from": a, "to": b} for f, a, b in changes],
             "preflight": preflight,
             "preflight_note": preflight_note,
+            "sweep": sweep,
+            "tier": tier,
+            "data_preparation": preparation,
             "resolved": spec.resolved_dict(),
             "resolution": {k: v for k, v in resolved.model_dump(mode="json").items() if k not in ("spec", "runs")},
         }
@@ -191,6 +197,19 @@ def plan(
     lines += [f"  {field}: {_show(before)} -> {_show(after)}" for field, before, after in changes]
     lines.append("")
     lines.append(preflight_text if preflight_text is not None else f"preflight: {preflight_note}")
+    if sweep is not None:
+        approvals = "refused" if sweep["tier"]["required_approvals"] is None else \
+            f"{sweep['tier']['required_approvals']} approval(s)"
+        hours = f"{sweep['gpu_hours']:.2f} GPU-hours" if sweep["on_gpu"] else "0 GPU-hours (CPU)"
+        lines += [
+            "",
+            "sweep (the plan above prices one trial on one seed):",
+            f"  cost                 {sweep['describe']}",
+            f"  budget               {hours} of resource.max_gpu_hours {spec.resource.max_gpu_hours:g}",
+            f"  tier (whole sweep)   {sweep['tier']['name']}: {approvals} -- {sweep['tier']['reason']}",
+            f"  baseline             {sweep['baseline_note']}",
+        ]
+    lines += ["", _preparation_line(preparation)]
     lines += ["", "resolved spec:"]
     lines += ["  " + line for line in _yaml_text(spec.resolved_dict()).splitlines()]
     typer.echo("\n".join(lines))
@@ -229,6 +248,63 @@ def _preflight(spec: ExperimentSpec, loaded: LoadedSpec) -> tuple[dict[str, Any]
     return result.to_dict(), render_plan_text(result), "ok"
 
 
+def _sweep_cost(resolved: ResolvedExperiment) -> dict[str, Any]:
+    """The whole sweep priced (`pipelines.sweep.sweep_cost`): trials x selection seeds, the winner
+    on the hypothesis seeds and the baseline on the same seeds; its tier is the one that applies."""
+    from pipelines import sweep as sw
+    from validation.loader import check_spec
+    from validation.resolved import resolve_spec
+
+    try:
+        trials = sw.expand_trials(resolved)
+        baseline, note = None, "not priced: no baseline experiment file"
+        if resolved.baseline.file is not None and Path(resolved.baseline.file).is_file():
+            base_spec, _ = check_spec(Path(resolved.baseline.file))
+            if base_spec is not None:
+                baseline = resolve_spec(base_spec, resolved.repo_root, seeds=list(resolved.seeds))
+                note = (f"{base_spec.name} on {len(resolved.seeds)} seed(s), counted (nothing is spent "
+                        "when its runs already exist)")
+        cost = sw.sweep_cost(trials, resolved, baseline)
+        tier = sw.sweep_tier(cost, resolved)
+    except SpecError as exc:
+        raise fail_issues(exc.issues) from None
+    return {
+        "trials": cost.trials,
+        "selection_seeds": cost.selection_seeds,
+        "per_trial_device_hours": cost.per_trial_device_hours,
+        "confirm_seeds": cost.confirm_seeds,
+        "baseline_device_hours": cost.baseline_device_hours,
+        "total_device_hours": cost.total_device_hours,
+        "on_gpu": cost.on_gpu,
+        "gpu_hours": cost.total_device_hours if cost.on_gpu else 0.0,
+        "describe": cost.describe(),
+        "baseline_note": note,
+        "tier": tier.to_dict(),
+    }
+
+
+def _preparation(spec: ExperimentSpec, repo_root: Path) -> dict[str, Any]:
+    """Input size, preparation tasks and estimated time (`estimate_preparation`: file sizes only,
+    nothing read); a missing input is reported, not fatal (`pipeline validate` names it)."""
+    from validation.data.prepare import estimate_preparation
+    from validation.errors import DataError
+
+    try:
+        return estimate_preparation(spec.data, repo_root)
+    except (DataError, OSError) as exc:
+        return {"error": str(exc)}
+
+
+def _preparation_line(prep: dict[str, Any]) -> str:
+    from validation.preflight import format_duration
+
+    if "error" in prep:
+        return f"data: not estimated ({prep['error']})"
+    return (f"data: {prep['input_bytes'] / 1e6:,.1f} MB in {prep['tasks']} task(s); about "
+            f"{format_duration(prep['estimated_seconds'])} to prepare on {prep['workers']} worker(s) "
+            "(nothing when this data version is already in the cache; `pipeline data plan` for other worker counts)")
+
+
 def diff_specs(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """Changed leaf fields as (dotted path, before, after); lists of mappings compared per item."""
     flat_before, flat_after = _flatten(before), _flatten(after)
@@ -237,9 +313,16 @@ def diff_specs(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str,
         if key.split(".", 1)[0].split("[", 1)[0] in _NOT_A_CHANGE:
             continue
         old, new = flat_before.get(key, "<unset>"), flat_after.get(key, "<unset>")
+        if _section_placeholder(key, old, new, flat_before, flat_after):
+            continue  # `sweep: null` on one side, its fields on the other: the fields say it
         if old != new:
             changes.append((key, old, new))
     return changes
+
+
+def _section_placeholder(key: str, old: Any, new: Any, before: dict[str, Any], after: dict[str, Any]) -> bool:
+    other = after if old is None and new == "<unset>" else before if new is None and old == "<unset>" else None
+    return other is not None and any(k.startswith(key + ".") for k in other)
 
 
 def _field_order(*flats: dict[str, Any]) -> Callable[[str], int]:

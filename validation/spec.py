@@ -525,7 +525,11 @@ class ExperimentSpec(Section):
         """What determines the trained model: no cosmetic fields, no hypothesis text."""
         data = self.model_dump(mode="json", exclude=set(self.COSMETIC_FIELDS))
         data.pop("hypothesis", None)
-        data.pop("sweep", None)
+        if data.get("sweep") is None:
+            # A sweep spec keeps its `sweep` section: what it trains is the search, so it never
+            # hashes like its baseline (its trials and the confirmed winner have none and hash
+            # as the plain configurations they are).
+            data.pop("sweep", None)
         if data.get("eval") is None:
             data.pop("eval", None)  # no tasks: the same identity as before `eval` existed
         data.get("train", {}).pop("max_restarts", None)
