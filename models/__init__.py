@@ -57,7 +57,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     import torch
@@ -111,6 +111,14 @@ class Architecture(PluginSection):
     """Module names inside one block -> tensor-parallel style; empty: no tensor parallelism."""
     tied_weight_names: ClassVar[tuple[str, ...]] = ("lm_head.weight",)
     """State-dict keys that are the input embedding when `tie_word_embeddings` (not saved twice)."""
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> Architecture:
+        """`head_dim` is hidden_size / num_heads here; an architecture with its own head size
+        overrides this validator by defining a method of the same name."""
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})")
+        return self
 
     # ------------------------------------------------------------------ torch-free facts
 

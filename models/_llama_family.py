@@ -26,9 +26,7 @@ class LlamaFamily(HFCausalLM):
     qkv_bias: ClassVar[bool] = False
 
     @model_validator(mode="after")
-    def _heads_divide_width(self) -> LlamaFamily:
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})")
+    def _kv_heads_divide_heads(self) -> LlamaFamily:
         kv = self.num_kv_heads or self.num_heads
         if self.num_heads % kv:
             raise ValueError(f"num_kv_heads ({kv}) must divide num_heads ({self.num_heads})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from models._hf import HFCausalLM
 
@@ -20,11 +20,6 @@ class Config(HFCausalLM):
     # GPT-2's fused c_attn (q|k|v in one matrix) cannot be split column-wise per head without
     # reordering its rows: no tensor-parallel plan (FSDP shards it instead).
 
-    @model_validator(mode="after")
-    def _heads_divide_width(self) -> Config:
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})")
-        return self
 
     @property
     def ffn_size(self) -> int:

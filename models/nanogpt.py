@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from models import Architecture, ExportNote, TPStyle
 
@@ -42,11 +42,6 @@ class Config(Architecture):
         "attn.proj": "rowwise", "mlp.proj": "rowwise",
     }
 
-    @model_validator(mode="after")
-    def _heads_divide_width(self) -> Config:
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})")
-        return self
 
     @property
     def ffn_size(self) -> int:
