@@ -286,7 +286,11 @@ class ExperimentFlow:
             if pruned_at:
                 if pruner is not None:
                     pruner.finish(trial.index, None, pruned=True)
-                return TrialOutcome(trial, "pruned", None, pruned_at=pruned_at[0], steps_done=pruned_at[0])
+                # Steps it really trained: a trainer stopped gracefully (SIGTERM) finishes the
+                # step under way and checkpoints it, e.g. pruned at 4, checkpoint step 5 on Slurm.
+                saved = ckpt.list_checkpoints(first / "checkpoints")
+                steps = max(pruned_at[0], saved[0][0] if saved else 0)
+                return TrialOutcome(trial, "pruned", None, pruned_at=pruned_at[0], steps_done=steps)
             if pruner is not None:
                 pruner.finish(trial.index, None, pruned=False)
             return TrialOutcome(trial, "failed", None, str(exc).splitlines()[0][:200])

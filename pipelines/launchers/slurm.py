@@ -97,6 +97,12 @@ def render_sbatch(job: LaunchJob, python: str | None = None) -> str:
     ]
     if job.use_gpu:
         directives.append(f"--gres=gpu:{job.procs_per_node}")
+    elif job.world_size == 1:
+        # One CPU process: accelerate sets its torch threads to every core of the node, while the
+        # job asks for 1 CPU, so Slurm packed two such jobs (two sweep trials) onto one node,
+        # oversubscribing it, while the other node stayed idle. The node is taken whole, so
+        # each trial lands on a free node (multi-process CPU jobs run 1 thread per process).
+        directives.append("--exclusive")
     if job.partition:
         directives.append(f"--partition={job.partition}")
     node_cmd = accelerate_command(
@@ -131,10 +137,19 @@ def render_sbatch(job: LaunchJob, python: str | None = None) -> str:
             "# Startup checklist on every node before anything trains.",
             f"{_shell_join(srun + ['--label'] + doctor)} || exit {DOCTOR_EXIT_CODE}",
         ]
+    # One process: `accelerate launch` is a plain parent (simple_launcher) that dies on the SIGTERM
+    # of a cancel or the time limit, which Slurm sends to every process of the step; srun
+    # (--kill-on-bad-exit) then SIGKILLed the trainer before it saved its checkpoint (a pruned
+    # sweep trial ended with no result.json). Ignored signals stay ignored across exec, so
+    # accelerate survives and waits; the trainer installs its own SIGTERM handler when its loop
+    # starts, checkpoints and exits 143 (a TERM during its start-up is ignored; the hard
+    # `scancel` after the grace period still ends it). Several processes: torch's elastic agent
+    # handles SIGTERM itself and waits for its ranks.
+    ignore_term = 'trap "" TERM; ' if job.world_size == 1 else ""
     lines += [
         "# In-job retry loop: a crashed step is relaunched and resumes from the last checkpoint.",
         f"exec {_shell_join([py, '-m', 'pipelines.launchers.supervise', '--run-dir', str(run), '--max-restarts', str(job.max_restarts), '--'])} \\",
-        f"  {_shell_join(srun + ['--label', 'bash', '-c'])} {shlex.quote(NODE_BANNER + 'exec ' + _shell_join(node_cmd))}",
+        f"  {_shell_join(srun + ['--label', 'bash', '-c'])} {shlex.quote(NODE_BANNER + ignore_term + 'exec ' + _shell_join(node_cmd))}",
     ]
     return "\n".join(lines) + "\n"
 

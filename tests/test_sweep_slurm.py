@@ -1,0 +1,163 @@
+"""A 4-trial sweep on the two-node Slurm test cluster (issue 20, `tests/infra/slurm.sh`).
+
+`resource.launcher: slurm`: every trial is its own 1-node Slurm job, two at a time
+(`sweep.parallel: 2`), pruned by successive halving at its evals; the winner is retrained on
+the hypothesis seed. What the test reads back from Slurm itself: job ids (`launch.json`),
+the node each job got (the batch script's first line), `scontrol show job` (Restarts), and
+the in-job retry loop's verdict on a pruned job.
+
+Grid order: the two good learning rates train first, so the two near-zero ones meet both of
+their rung values at step 4 and are pruned there (every trial trains on the same selection
+seed, same data order, so at step 4 the losses differ by the learning rate only).
+Measured: 154 s and 209 s (the test alone; 1-min load average 4 and 5 on 2 shared cores).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.launchers import LaunchJob
+from pipelines.launchers.slurm import render_sbatch
+from pipelines.orchestrate import ExperimentFlow, Reporter, RunOptions
+from pipelines.sweep import SELECTION_SEED_OFFSET
+from trainer import checkpoint as ckpt
+
+SWEEP = """\
+name: tiny-slurm-sweep
+owner: ml-platform
+extends: tiny-base.yaml
+hypothesis:
+  statement: The best of four learning rates trains the tiny model to a lower held-out loss on Slurm.
+  metric: eval/loss
+  direction: decrease
+  min_effect: 0.01
+  baseline: champion
+train: {max_steps: 24, eval_interval: 4, checkpoint_interval: 8}
+resource: {launcher: slurm, nodes: 1, cpu_processes: 1, time_limit_minutes: 10}
+sweep:
+  parameters: {train.lr: [0.006, 0.003, 0.000001, 0.000002]}
+  parallel: 2
+  prune: true
+  reduction_factor: 2
+"""
+
+
+class Timed(Reporter):
+    """Start and end of every training (label -> seed dir, span)."""
+
+    def __init__(self) -> None:
+        self.dirs: dict[str, Path] = {}
+        self.spans: dict[str, tuple[float, float]] = {}
+
+    def training(self, label: str, run_dir: Path, total_steps: int) -> Callable[[], None]:
+        started = time.time()
+        self.dirs[label] = run_dir
+
+        def end() -> None:
+            self.spans[label] = (started, time.time())
+        return end
+
+
+def slurm_job(seed_dir: Path) -> dict[str, Any]:
+    """What Slurm says about the job a seed directory was trained by."""
+    handle = json.loads((seed_dir / "launch.json").read_text())
+    job_id = handle["job_id"]
+    logs = sorted((seed_dir / "logs").glob("slurm-*.out"))
+    out = "".join(p.read_text(errors="replace") for p in logs)
+    # `[sbatch] job 212 restart 0 nodes n1 main ...`: the batch script's first line, per start.
+    starts = re.findall(r"^\[sbatch\] job (\d+) restart (\d+) nodes (\S+)", out, re.M)
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    fields = dict(re.findall(r"(\w+)=(\S*)", shown))
+    return {"launcher": handle["launcher"], "job_id": job_id, "logs": [p.name for p in logs], "out": out,
+            "starts": starts, "node": starts[0][2] if starts else None, "state": fields.get("JobState"),
+            "restarts": fields.get("Restarts")}
+
+
+@pytest.mark.unit
+def test_a_one_process_job_takes_its_node_and_its_accelerate_outlives_the_sigterm(tmp_path: Path) -> None:
+    def script(**kw: object) -> str:
+        job = LaunchJob(spec_path=tmp_path / "spec.resolved.json", run_dir=tmp_path, data_dir=tmp_path, **kw)  # type: ignore[arg-type]
+        text = render_sbatch(job, python="/usr/bin/python3")
+        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+        return text
+
+    trap = '; trap "" TERM; exec '
+    one = script(nodes=1, procs_per_node=1)
+    # A sweep trial on CPU: the node whole (its torch threads use every core), so two trials take two nodes.
+    assert "#SBATCH --exclusive\n" in one
+    # accelerate's single-process parent ignores the step's SIGTERM; the trainer handles it and checkpoints.
+    assert trap in one.splitlines()[-1]
+    gpu = script(nodes=1, procs_per_node=1, use_gpu=True)  # the same parent; the GPUs are what is shared
+    assert trap in gpu.splitlines()[-1] and "--exclusive" not in gpu and "--gres=gpu:1" in gpu
+    for many in (script(nodes=2, procs_per_node=1), script(nodes=1, procs_per_node=2)):
+        # Several processes: torch's elastic agent handles SIGTERM itself; 1 thread per CPU process.
+        assert trap not in many.splitlines()[-1] and "--exclusive" not in many
+
+
+@pytest.mark.integration
+@pytest.mark.e2e
+def test_a_sweep_on_two_slurm_nodes_runs_trials_concurrently_prunes_and_confirms_on_fresh_seeds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slurm_cluster: object) -> None:
+    from tests.test_orchestrate_e2e import BASE
+    from validation.data import build_demo_corpus
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "tiny-base.yaml").write_text(BASE)
+    (tmp_path / "experiments" / "tiny-slurm-sweep.yaml").write_text(SWEEP)
+    build_demo_corpus(tmp_path / "data" / "demo", max_bytes=150_000)
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    rec = Timed()
+    started = time.time()
+    flow = ExperimentFlow(tmp_path, RunOptions(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", smoke=False), rec)
+    candidate, _ = flow.run(tmp_path / "experiments" / "tiny-slurm-sweep.yaml")
+    print(f"4-trial sweep on 2 Slurm nodes, 2 at a time, with the winner's confirmation: {time.time() - started:.0f} s")
+
+    trials = {k: v for k, v in rec.spans.items() if "-t" in k}
+    assert len(trials) == 4, rec.spans
+    jobs = {k: slurm_job(rec.dirs[k]) for k in trials}
+    print({k: (j["job_id"], j["node"], j["state"], j["restarts"]) for k, j in jobs.items()})
+    # Every trial was its own Slurm job, started once.
+    assert all(j["launcher"] == "slurm" and j["job_id"].isdigit() for j in jobs.values()), jobs
+    assert len({j["job_id"] for j in jobs.values()}) == 4
+    assert all(len(j["starts"]) == 1 and j["restarts"] == "0" for j in jobs.values()), jobs
+    # At least two trained at the same time, on the two different nodes (each trial takes a free node).
+    overlapping = [(a, b) for a in trials for b in trials if a < b
+                   and trials[a][0] < trials[b][1] and trials[b][0] < trials[a][1]]
+    assert overlapping, trials
+    assert any(jobs[a]["node"] != jobs[b]["node"] for a, b in overlapping), (overlapping, jobs)
+    assert {j["node"] for j in jobs.values()} == {"n1", "n2"}
+
+    outcomes = {f"{o.trial.name} seed {o.trial.resolved.seeds[0]}": o for o in candidate.extra["sweep_outcomes"]}
+    pruned = [k for k, o in outcomes.items() if o.status == "pruned"]
+    assert pruned, [(k, o.status) for k, o in outcomes.items()]
+    for k in pruned:
+        seed_dir, job, o = rec.dirs[k], jobs[k], outcomes[k]
+        # Cancelled through the launcher, and not retried: no in-job restart, no requeue.
+        assert (seed_dir / "cancel.requested").is_file() and (seed_dir / "pruned.json").is_file()
+        assert "give-up: cancelled by request" in job["out"] and "[retry] restart" not in job["out"], job["out"][-2000:]
+        assert job["logs"] == [f"slurm-{job['job_id']}.out"]
+        # Stopped gracefully: the trainer got the SIGTERM, finished its step and checkpointed.
+        saved = ckpt.list_checkpoints(seed_dir / "checkpoints")
+        assert saved and saved[0][0] >= o.pruned_at, (k, saved, job["out"][-2000:])
+        assert o.pruned_at is not None and o.steps_done is not None and o.pruned_at <= o.steps_done < 24
+
+    # The winner, retrained under the sweep's name on the hypothesis seed (never a selection seed), on Slurm.
+    assert candidate.spec.name == "tiny-slurm-sweep" and list(candidate.resolved.seeds) == [1234]
+    picked = {s for o in outcomes.values() for s in o.trial.resolved.seeds}
+    assert picked == {1234 + SELECTION_SEED_OFFSET} and 1234 not in picked
+    confirm = [k for k in rec.spans if k == "tiny-slurm-sweep seed 1234"]
+    assert confirm and slurm_job(rec.dirs[confirm[0]])["launcher"] == "slurm"
+    assert candidate.report_dir is not None
+    report = (candidate.report_dir / "report.md").read_text()
+    assert "4 trials, " in report and "pruned at step" in report and "of the full grid" in report
+    assert "hypothesis seed(s) [1234] only" in report and "selection seed(s) [11234]" in report
+    assert all(name.split(" seed")[0] in report for name in trials)
