@@ -215,3 +215,16 @@ def test_run_with_retries_submits_a_self_retrying_launcher_once(tmp_path):
     launcher = CrashingSelfRetrying()
     outcome = run_with_retries(launcher, _job(tmp_path, max_restarts=3))
     assert launcher.submits == 1 and outcome.attempts == 1 and outcome.decisions[0].verdict is Verdict.RETRY
+
+
+@pytest.mark.unit
+def test_slurm_refuses_a_run_directory_with_whitespace_before_writing_anything(tmp_path):
+    """sbatch splits an #SBATCH line at whitespace: `--output=/runs/my run/...` would name
+    another file (found by the Slurm sweep bench in a temporary folder with a space)."""
+    from pipelines.launchers.slurm import SlurmLauncher
+    from validation.errors import LaunchError
+
+    job = _job(tmp_path / "with space")
+    with pytest.raises(LaunchError, match="contains whitespace"):
+        SlurmLauncher().submit(job)
+    assert not (tmp_path / "with space").exists()

@@ -212,6 +212,12 @@ class SlurmLauncher:
         self.requeue_hold_s = requeue_hold_s
 
     def submit(self, job: LaunchJob) -> LaunchHandle:
+        for what, path in (("run directory", job.run_dir), ("repository", REPO_ROOT)):
+            # sbatch splits an #SBATCH line at whitespace (quotes are not parsed there): the
+            # job's --output/--chdir would name another path. Refused before anything is written.
+            if any(ch.isspace() for ch in str(path)):
+                raise LaunchError(f"slurm launcher: the {what} {str(path)!r} contains whitespace, which #SBATCH "
+                                  "directives cannot hold; use a path without spaces (PIPELINE_RUNS_DIR for runs)")
         if shutil.which("sbatch") is None:
             raise LaunchError("slurm launcher: sbatch not found on PATH (is this a Slurm login node?)")
         (job.run_dir / "logs").mkdir(parents=True, exist_ok=True)
