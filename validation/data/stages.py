@@ -295,6 +295,7 @@ class TokenizeTask(_Task):
         try:
             _tokenizer_threads(self.plan.threads)
             self._run(rank, out)
+            release_free_heap()
         finally:
             for key, value in saved.items():
                 if value is None:
@@ -304,9 +305,7 @@ class TokenizeTask(_Task):
 
     def _run(self, rank: int, out: Path) -> None:
         plan = self.plan
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(plan.extra["tokenizer"])
+        tokenizer = load_tokenizer(plan.extra["tokenizer"])
         vocab_size = tokenizer.get_vocab_size()
         dtype = np.dtype(plan.extra["token_dtype"])
         scan = plan.task_dir("scan", rank)
@@ -363,6 +362,42 @@ class TokenizeTask(_Task):
             }
         np.save(out / "token_counts.npy", counts)
         (out / "stats.json").write_text(json.dumps(stats))
+
+
+_TOKENIZERS: dict[tuple[str, int, int], Any] = {}
+
+
+def load_tokenizer(path: str) -> Any:
+    """One `Tokenizer` per file per process, reused by every task the process runs.
+
+    `tokenizers` keeps about 2 MB of anonymous memory of every `Tokenizer.from_file` after the
+    object is gone (measured on the 6 GB bench's tokenizer: 8 loads +16 MB, climbing; one load
+    reused: flat), and a datatrove worker runs tasks one after another, so a worker that loaded
+    it per task grew with the corpus (~4 MB per 64 MiB task). Keyed by path, size and mtime."""
+    from tokenizers import Tokenizer
+
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS.clear()  # another version's tokenizer: the old one is not needed again
+        _TOKENIZERS[key] = Tokenizer.from_file(path)
+    return _TOKENIZERS[key]
+
+
+def release_free_heap() -> None:
+    """Give the C heap's free pages back to the OS after a task (glibc `malloc_trim`; a no-op
+    elsewhere): a task's batches leave freed arenas a long-lived worker would otherwise keep
+    (measured: 54 -> 36 MiB anonymous memory after one 6 MB task)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass
 
 
 def encode_batch(tokenizer: Any, texts: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
