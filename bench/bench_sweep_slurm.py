@@ -25,67 +25,35 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # tests/infra helpers, imported as infra.<module> as the tests do
 SLURM_SH = REPO / "tests" / "infra" / "slurm.sh"
 
 
-def _seconds(text: str) -> int:
-    """Slurm's RunTime `[days-]hh:mm:ss` in seconds."""
-    days, _, clock = text.rpartition("-")
-    h, m, s = (int(x) for x in clock.split(":"))
-    return (int(days) if days else 0) * 86400 + h * 3600 + m * 60 + s
-
-
 def _job(seed_dir: Path) -> dict[str, Any]:
-    """The Slurm job that trained a seed directory: id, node, state, restarts, RunTime."""
-    job_id = json.loads((seed_dir / "launch.json").read_text())["job_id"]
-    out = "".join(p.read_text(errors="replace") for p in sorted((seed_dir / "logs").glob("slurm-*.out")))
-    first = re.search(r"^\[sbatch\] job \d+ restart \d+ nodes (\S+)", out, re.M)
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
-    fields = dict(re.findall(r"(\w+)=(\S*)", shown))
-    return {"job_id": job_id, "node": first[1] if first else None, "state": fields.get("JobState"),
-            "restarts": int(fields.get("Restarts", "0") or 0), "node_s": _seconds(fields.get("RunTime", "0:0:0"))
-            * int(fields.get("NumNodes", "1") or 1)}
+    """The Slurm figures of a seed directory's job, without its log text (tests/infra/sweep_flow.py)."""
+    from infra.sweep_flow import slurm_job  # type: ignore[import-not-found]  # tests/ is on sys.path (above)
+
+    return {k: v for k, v in slurm_job(seed_dir).items() if k not in ("out", "starts", "logs")}
 
 
 def run_mode(name: str, sweep_yaml: str) -> dict[str, Any]:
-    from pipelines.orchestrate import ExperimentFlow, Reporter, RunOptions
-    from tests.test_orchestrate_e2e import BASE
-    from validation.data import build_demo_corpus
-
-    class Timed(Reporter):
-        def __init__(self) -> None:
-            self.dirs: dict[str, Path] = {}
-            self.spans: dict[str, tuple[float, float]] = {}
-
-        def training(self, label: str, run_dir: Path, total_steps: int) -> Callable[[], None]:
-            started = time.time()
-            self.dirs[label] = run_dir
-
-            def end() -> None:
-                self.spans[label] = (started, time.time())
-            return end
+    from infra.sweep_flow import Timed, run_flow, sweep_repo
 
     # No spaces in the path: it goes into #SBATCH --output=..., which sbatch splits at a space.
     with tempfile.TemporaryDirectory(prefix=f"sweep-{re.sub(r'[^a-z0-9]+', '-', name)}-") as tmp:
         repo = Path(tmp)
-        (repo / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
-        (repo / "experiments").mkdir()
-        (repo / "experiments" / "tiny-base.yaml").write_text(BASE)
-        (repo / "experiments" / "tiny-slurm-sweep.yaml").write_text(sweep_yaml)
-        build_demo_corpus(repo / "data" / "demo", max_bytes=150_000)
+        spec_file = sweep_repo(repo, "tiny-slurm-sweep", sweep_yaml)
         os.environ["PIPELINE_RUNS_DIR"] = str(repo / "runs")
         rec = Timed()
         load_before = os.getloadavg()[0]
         t0 = time.time()
-        flow = ExperimentFlow(repo, RunOptions(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}", smoke=False), rec)
-        candidate, _ = flow.run(repo / "experiments" / "tiny-slurm-sweep.yaml")
+        candidate = run_flow(repo, spec_file, rec)
         wall = time.time() - t0
         outcomes = candidate.extra["sweep_outcomes"]
         trials = []

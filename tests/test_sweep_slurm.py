@@ -14,19 +14,15 @@ Measured: 154 s and 209 s (the test alone; 1-min load average 4 and 5 on 2 share
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from infra.sweep_flow import Timed, run_flow, slurm_job, sweep_repo
 
 from pipelines.launchers import LaunchJob
 from pipelines.launchers.slurm import render_sbatch
-from pipelines.orchestrate import ExperimentFlow, Reporter, RunOptions
 from pipelines.sweep import SELECTION_SEED_OFFSET
 from trainer import checkpoint as ckpt
 
@@ -48,37 +44,6 @@ sweep:
   prune: true
   reduction_factor: 2
 """
-
-
-class Timed(Reporter):
-    """Start and end of every training (label -> seed dir, span)."""
-
-    def __init__(self) -> None:
-        self.dirs: dict[str, Path] = {}
-        self.spans: dict[str, tuple[float, float]] = {}
-
-    def training(self, label: str, run_dir: Path, total_steps: int) -> Callable[[], None]:
-        started = time.time()
-        self.dirs[label] = run_dir
-
-        def end() -> None:
-            self.spans[label] = (started, time.time())
-        return end
-
-
-def slurm_job(seed_dir: Path) -> dict[str, Any]:
-    """What Slurm says about the job a seed directory was trained by."""
-    handle = json.loads((seed_dir / "launch.json").read_text())
-    job_id = handle["job_id"]
-    logs = sorted((seed_dir / "logs").glob("slurm-*.out"))
-    out = "".join(p.read_text(errors="replace") for p in logs)
-    # `[sbatch] job 212 restart 0 nodes n1 main ...`: the batch script's first line, per start.
-    starts = re.findall(r"^\[sbatch\] job (\d+) restart (\d+) nodes (\S+)", out, re.M)
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
-    fields = dict(re.findall(r"(\w+)=(\S*)", shown))
-    return {"launcher": handle["launcher"], "job_id": job_id, "logs": [p.name for p in logs], "out": out,
-            "starts": starts, "node": starts[0][2] if starts else None, "state": fields.get("JobState"),
-            "restarts": fields.get("Restarts")}
 
 
 @pytest.mark.unit
@@ -106,19 +71,11 @@ def test_a_one_process_job_takes_its_node_and_its_accelerate_outlives_the_sigter
 @pytest.mark.e2e
 def test_a_sweep_on_two_slurm_nodes_runs_trials_concurrently_prunes_and_confirms_on_fresh_seeds(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slurm_cluster: object) -> None:
-    from tests.test_orchestrate_e2e import BASE
-    from validation.data import build_demo_corpus
-
-    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
-    (tmp_path / "experiments").mkdir()
-    (tmp_path / "experiments" / "tiny-base.yaml").write_text(BASE)
-    (tmp_path / "experiments" / "tiny-slurm-sweep.yaml").write_text(SWEEP)
-    build_demo_corpus(tmp_path / "data" / "demo", max_bytes=150_000)
+    spec_file = sweep_repo(tmp_path, "tiny-slurm-sweep", SWEEP)
     monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
     rec = Timed()
     started = time.time()
-    flow = ExperimentFlow(tmp_path, RunOptions(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", smoke=False), rec)
-    candidate, _ = flow.run(tmp_path / "experiments" / "tiny-slurm-sweep.yaml")
+    candidate = run_flow(tmp_path, spec_file, rec)
     print(f"4-trial sweep on 2 Slurm nodes, 2 at a time, with the winner's confirmation: {time.time() - started:.0f} s")
 
     trials = {k: v for k, v in rec.spans.items() if "-t" in k}
@@ -128,7 +85,7 @@ def test_a_sweep_on_two_slurm_nodes_runs_trials_concurrently_prunes_and_confirms
     # Every trial was its own Slurm job, started once.
     assert all(j["launcher"] == "slurm" and j["job_id"].isdigit() for j in jobs.values()), jobs
     assert len({j["job_id"] for j in jobs.values()}) == 4
-    assert all(len(j["starts"]) == 1 and j["restarts"] == "0" for j in jobs.values()), jobs
+    assert all(len(j["starts"]) == 1 and j["restarts"] == 0 for j in jobs.values()), jobs
     # At least two trained at the same time, on the two different nodes (each trial takes a free node).
     overlapping = [(a, b) for a in trials for b in trials if a < b
                    and trials[a][0] < trials[b][1] and trials[b][0] < trials[a][1]]
