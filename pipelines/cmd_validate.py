@@ -162,7 +162,7 @@ def plan(
     reference, reference_note = _reference_for(resolved, loaded)
     changes = diff_specs(reference.resolved_dict(), spec.resolved_dict()) if reference else []
     preflight, preflight_text, preflight_note = _preflight(spec, loaded)
-    sweep = _sweep_cost(resolved) if spec.sweep is not None and preflight is not None else None
+    sweep = _sweep_cost(resolved, reference) if spec.sweep is not None and preflight is not None else None
     tier = sweep["tier"] if sweep else (preflight or {}).get("tier")
     preparation = _preparation(spec, Path(resolved.repo_root))
 
@@ -248,22 +248,20 @@ def _preflight(spec: ExperimentSpec, loaded: LoadedSpec) -> tuple[dict[str, Any]
     return result.to_dict(), render_plan_text(result), "ok"
 
 
-def _sweep_cost(resolved: ResolvedExperiment) -> dict[str, Any]:
+def _sweep_cost(resolved: ResolvedExperiment, reference: ExperimentSpec | None) -> dict[str, Any]:
     """The whole sweep priced (`pipelines.sweep.sweep_cost`): trials x selection seeds, the winner
-    on the hypothesis seeds and the baseline on the same seeds; its tier is the one that applies."""
+    on the hypothesis seeds and the baseline on the same seeds; its tier is the one that applies.
+    `reference` is the spec `_reference_for` loaded: the baseline's file when it has one."""
     from pipelines import sweep as sw
-    from validation.loader import check_spec
     from validation.resolved import resolve_spec
 
     try:
         trials = sw.expand_trials(resolved)
         baseline, note = None, "not priced: no baseline experiment file"
-        if resolved.baseline.file is not None and Path(resolved.baseline.file).is_file():
-            base_spec, _ = check_spec(Path(resolved.baseline.file))
-            if base_spec is not None:
-                baseline = resolve_spec(base_spec, resolved.repo_root, seeds=list(resolved.seeds))
-                note = (f"{base_spec.name} on {len(resolved.seeds)} seed(s), counted (nothing is spent "
-                        "when its runs already exist)")
+        if reference is not None and reference.name == resolved.baseline.name:
+            baseline = resolve_spec(reference, resolved.repo_root, seeds=list(resolved.seeds))
+            note = (f"{reference.name} on {len(resolved.seeds)} seed(s), counted (nothing is spent "
+                    "when its runs already exist)")
         cost = sw.sweep_cost(trials, resolved, baseline)
         tier = sw.sweep_tier(cost, resolved)
     except SpecError as exc:
