@@ -23,17 +23,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from bench_trainer import bench_spec, machine, packed_batches, prepared_data  # noqa: E402
+from bench_trainer import bench_spec, packed_batches, prepared_data
+from scaffold import append_results_md, as_tensors, machine
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -55,8 +51,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     spec = bench_spec(args.precision, 10_000)
     work = Path(tempfile.mkdtemp(prefix="ab-step-"))
     t = Trainer(spec, work / "run", prepared.path, tracking_uri="none", prepared=prepared)
-    batches = [{k: torch.from_numpy(b[k]) for k in ("input_ids", "labels", "position_ids")}
-               for b in packed_batches(prepared, 8)]
+    batches = as_tensors(packed_batches(prepared, 8))
     bf16 = args.precision == "bf16"
     ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     raw: Any = t.raw_model
@@ -111,8 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                  "|---|" + "---|" * (len(variants) + 1),
                  f"| {args.precision} | " + " | ".join(f"{medians[v]:.1f}" for v in variants)
                  + f" | {medians['bare'] / medians['T']:.3f} |", ""]
-        with open(REPO / "bench" / "RESULTS.md", "a") as fh:
-            fh.write("\n".join(lines))
+        append_results_md("\n".join(lines))
     return medians
 
 

@@ -14,19 +14,16 @@ Writes bench/results/architectures.json and appends a table to bench/RESULTS.md.
 
 from __future__ import annotations
 
-import json
 import platform
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
+from scaffold import append_results_md, cpu_model, utc_stamp, write_results_json
 
 import models
 from trainer.measure import count_training_flops, parameter_count_on_meta, saved_activation_bytes
 
-HERE = Path(__file__).resolve().parent
-RESULTS_JSON = HERE / "results" / "architectures.json"
 SEQ, MICRO = 256, 4
 SIZE = {"hidden_size": 256, "num_layers": 4, "num_heads": 8, "vocab_size": 4096, "max_position_embeddings": 512}
 EXTRA: dict[str, dict[str, Any]] = {
@@ -36,9 +33,8 @@ EXTRA: dict[str, dict[str, Any]] = {
 
 
 def machine() -> dict[str, Any]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()}
+    return {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version()}
 
 
 def measure(model_type: str) -> dict[str, Any]:
@@ -63,10 +59,9 @@ def measure(model_type: str) -> dict[str, Any]:
 
 def main() -> None:
     rows = [measure(name) for name in sorted(models.architectures())]
-    out = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
-           "size": SIZE | {"seq_len": SEQ, "micro_batch": MICRO}, "rows": rows}
-    RESULTS_JSON.parent.mkdir(exist_ok=True)
-    RESULTS_JSON.write_text(json.dumps(out, indent=2) + "\n")
+    out = {"when": utc_stamp(), "machine": machine(), "size": SIZE | {"seq_len": SEQ, "micro_batch": MICRO},
+           "rows": rows}
+    write_results_json("architectures", out, indent=2)
     lines = [f"\n## Architectures: plan vs measured (bench/bench_architectures.py) — {out['when']}\n",
              f"Machine: {out['machine']['cpu']}, {out['machine']['threads']} threads, torch {out['machine']['torch']}. "
              f"Size: hidden 256, 4 layers, 8 heads, vocab 4096, seq {SEQ}, micro-batch {MICRO}. Parameters on the meta "
@@ -79,8 +74,7 @@ def main() -> None:
                      f"{r['plan_flops_per_token']:,.0f} | {r['counted_flops_per_token']:,.0f} | "
                      f"{r['plan_activation_mib_fp32']} / {r['saved_activation_mib_fp32']} | {r['activation_ratio_fp32']} | "
                      f"{r['plan_activation_mib_bf16']} / {r['saved_activation_mib_bf16']} | {r['activation_ratio_bf16']} |")
-    with (HERE / "RESULTS.md").open("a") as fh:
-        fh.write("\n".join(lines) + "\n")
+    append_results_md("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

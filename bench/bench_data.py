@@ -16,21 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from scaffold import REPO, append_results_md, copy_specs, cpu_model, utc_stamp
 
 
 def _best(fn, repeat: int = 3) -> float:
@@ -53,10 +41,12 @@ def main(append: bool = True) -> dict:
     import numpy as np
     import tokenizers
 
-    from trainer.data import MixtureBatcher, packing_efficiency
-    from validation.data import PreparedData, build_demo_corpus, prepare_data
-    from validation.data.clean import clean_text
-    from validation.data.prepare import encode_documents, parallel_tokenizers
+    from pipelines.dataprep.clean import clean_text
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
+    from pipelines.dataprep.prepare import encode_documents, prepare_data
+    from trainer.batches import MixtureBatcher, packing_efficiency
+    from validation.data import PreparedData
+    from validation.environment import scoped_environ
     from validation.loader import load_spec
 
     figures: dict = {}
@@ -67,9 +57,7 @@ def main(append: bool = True) -> dict:
         figures["demo_build_s"] = round(time.perf_counter() - t, 3)
         figures["demo_mb"] = round(sum(corpus.bytes.values()) / 1e6, 2)
         # The reference experiment, as committed, in a scratch repository holding the demo corpus.
-        spec_file = repo / "experiments/base.yaml"
-        spec_file.parent.mkdir()
-        spec_file.write_bytes((REPO / "experiments/base.yaml").read_bytes())
+        spec_file = copy_specs(repo) / "base.yaml"
         spec = load_spec(spec_file)
 
         t = time.perf_counter()
@@ -87,14 +75,14 @@ def main(append: bool = True) -> dict:
         tok = tokenizers.Tokenizer.from_file(str(prepared.tokenizer_path))
 
         def batched() -> None:
-            with parallel_tokenizers():
+            with scoped_environ(TOKENIZERS_PARALLELISM="true"):
                 encode_documents(tok, texts, np.dtype(np.uint16))
 
         def loop() -> None:
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
             [np.asarray(tok.encode(t, add_special_tokens=False).ids, dtype=np.uint16) for t in texts]
 
-        with parallel_tokenizers():
+        with scoped_environ(TOKENIZERS_PARALLELISM="true"):
             same = np.array_equal(encode_documents(tok, texts[:200], np.dtype(np.uint16))[0],
                                   np.concatenate([tok.encode(t, add_special_tokens=False).ids for t in texts[:200]]))
         assert same, "batched and per-document encodings differ"
@@ -133,9 +121,9 @@ def _append(figures: dict) -> None:
 
     lines = [
         "",
-        f"## Data (bench/bench_data.py) — {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"## Data (bench/bench_data.py) — {utc_stamp()}",
         "",
-        f"Machine: {os.cpu_count()} CPUs (nproc), {_cpu_model()}, shared with other sessions "
+        f"Machine: {os.cpu_count()} CPUs (nproc), {cpu_model()}, shared with other sessions "
         f"(1-min load average {os.getloadavg()[0]:.1f} at the end; `*_cpu_per_wall` shows how much CPU "
         f"the process actually got); Python "
         f"{platform.python_version()}, tokenizers {tokenizers.__version__}. Full demo corpus "
@@ -145,11 +133,7 @@ def _append(figures: dict) -> None:
         "|---|---|",
     ]
     lines += [f"| {k} | {v} |" for k, v in figures.items()]
-    path = REPO / "bench" / "RESULTS.md"
-    with path.open("a", encoding="utf-8") as handle:
-        if path.stat().st_size == 0:
-            handle.write("# Benchmark results\n")
-        handle.write("\n".join(lines) + "\n")
+    append_results_md("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -28,11 +28,9 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from scaffold import REPO, append_results_md, cpu_model, utc_stamp
 
 WORDS = ("the of and to in is that for it as with was on be by this are from at or an have not which but "
          "all their were can more one has been its when there than other some them into only time new these "
@@ -70,7 +68,7 @@ def generate(path: Path, target_bytes: int, seed: int = 0) -> dict:
 _CHILD = """
 import json, sys, time
 from pathlib import Path
-from validation.data import prepare_data
+from pipelines.dataprep.prepare import prepare_data
 from validation.spec import DataSpec
 repo, cache, workers = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 data = DataSpec.model_validate({"sources": [{"name": "big", "path": "data/big.jsonl", "weight": 1.0}]})
@@ -134,8 +132,8 @@ def ceiling(corpus: Path, tokenizer_path: Path, mb: float) -> dict:
     """`encode_batch_fast` alone on the cleaned text of the corpus's first `mb` MB, all cores."""
     from tokenizers import Tokenizer
 
-    from validation.data.clean import clean_text
-    from validation.data.prepare import parallel_tokenizers
+    from pipelines.dataprep.clean import clean_text
+    from validation.environment import scoped_environ
 
     texts, size = [], 0
     with corpus.open(encoding="utf-8") as handle:
@@ -147,7 +145,7 @@ def ceiling(corpus: Path, tokenizer_path: Path, mb: float) -> dict:
                 break
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     best = None
-    with parallel_tokenizers():
+    with scoped_environ(TOKENIZERS_PARALLELISM="true"):
         for _ in range(2):
             wall = cpu = 0.0
             tokens = 0
@@ -166,7 +164,7 @@ def ceiling(corpus: Path, tokenizer_path: Path, mb: float) -> dict:
 _SAMPLE_CHILD = """
 import json, sys
 from pathlib import Path
-from validation.data import prepare_data
+from pipelines.dataprep.prepare import prepare_data
 from validation.spec import DataSpec
 repo, cache, workers = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 data = DataSpec.model_validate({"sources": [{"name": "s", "path": "data/sample.jsonl", "weight": 1.0}], "task_bytes": 16 << 20,
@@ -206,13 +204,6 @@ def side_by_side(repo: Path, corpus: Path, tokenizer_path: Path, mb: float, work
     ratios = [round(stages[i] / ((ceilings[i] + ceilings[i + 1]) / 2), 3) for i in range(rounds)]
     return {"side_by_side_mb": round(written / 1e6, 1), "side_by_side_ceiling_tokens_per_s": ceilings,
             "side_by_side_stage_tokens_per_s": stages, "side_by_side_stage_vs_ceiling": ratios}
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def main() -> dict:
@@ -260,16 +251,14 @@ def main() -> dict:
 def _append(figures: dict) -> None:
     import tokenizers
 
-    lines = ["", f"## Data at scale (bench/bench_data_scale.py, {figures['input_mb']} MB) — "
-             f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}", "",
-             f"Machine: {os.cpu_count()} CPUs (nproc), {_cpu_model()}, "
+    lines = ["", f"## Data at scale (bench/bench_data_scale.py, {figures['input_mb']} MB) — {utc_stamp()}", "",
+             f"Machine: {os.cpu_count()} CPUs (nproc), {cpu_model()}, "
              f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, shared with other "
              f"sessions (1-min load average {figures['load_avg_end']} at the end); Python "
              f"{platform.python_version()}, tokenizers {tokenizers.__version__}.", "",
              "| figure | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in figures.items()]
-    with (REPO / "bench" / "RESULTS.md").open("a", encoding="utf-8") as handle:
-        handle.write("\n".join(lines) + "\n")
+    append_results_md("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,14 +7,17 @@ Run: `.venv/bin/python bench/bench_mlflow.py`; appends to bench/RESULTS.md.
 
 from __future__ import annotations
 
-import datetime
 import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+from scaffold import append_results_md, utc_stamp
+
+from validation.environment import apply_offline_env
+
+apply_offline_env()
 KEYS = [f"k{i}" for i in range(12)]
 STEPS = 20
 REPEATS = 3
@@ -52,12 +55,12 @@ def main() -> dict[str, float]:
            "batched_ms_per_step": round(1000 * statistics.median(b), 2)}
     fig["ratio"] = round(fig["per_point_ms_per_step"] / fig["batched_ms_per_step"], 1)
     print(fig)
-    with (Path(__file__).resolve().parent / "RESULTS.md").open("a") as fh:
-        fh.write(f"\n## MLflow logging (bench/bench_mlflow.py) — {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC\n\n"
-                 f"Machine: {os.cpu_count()} CPUs; local sqlite store; {len(KEYS)} keys per step, {STEPS} steps, "
-                 f"median of {REPEATS} interleaved runs; 1-min load {os.getloadavg()[0]:.1f}.\n\n"
-                 f"| per-point log_metric | log_batch | ratio |\n|---|---|---|\n"
-                 f"| {fig['per_point_ms_per_step']} ms/step | {fig['batched_ms_per_step']} ms/step | {fig['ratio']}x |\n")
+    append_results_md(f"\n## MLflow logging (bench/bench_mlflow.py) — {utc_stamp()}\n\n"
+                      f"Machine: {os.cpu_count()} CPUs; local sqlite store; {len(KEYS)} keys per step, {STEPS} steps, "
+                      f"median of {REPEATS} interleaved runs; 1-min load {os.getloadavg()[0]:.1f}.\n\n"
+                      f"| per-point log_metric | log_batch | ratio |\n|---|---|---|\n"
+                      f"| {fig['per_point_ms_per_step']} ms/step | {fig['batched_ms_per_step']} ms/step | "
+                      f"{fig['ratio']}x |\n")
     return fig
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,35 +23,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+from scaffold import REPO, append_results_md, child_env, cpu_model, experiment, free_port, utc_stamp
+
 RUNS = [("adamw", "ddp"), ("muon", "ddp"), ("adamw", "fsdp"), ("muon", "fsdp")]
 
 
 def spec(optimizer: str, layout: str, data_root: Path) -> dict[str, Any]:
-    return {
-        "name": "bench-optimizers", "owner": "ml-platform",
-        "hypothesis": {"statement": "Muon's step costs about what AdamW's does under both data-parallel layouts.",
-                       "metric": "perf/tokens_per_s", "direction": "increase", "min_effect": 0.01,
-                       "baseline": "champion"},
-        "model": {"model_type": "llama", "hidden_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 4,
-                  "intermediate_size": 768, "vocab_size": 2048, "max_position_embeddings": 256,
-                  "tie_word_embeddings": False},
-        "data": {"sources": [{"name": n, "path": str(data_root / f"{n}.jsonl"), "weight": w}
-                             for n, w in (("code", 0.5), ("docs", 0.3), ("reference", 0.2))],
-                 "seq_len": 128, "tokenizer": {"vocab_size": 2048}},
-        "train": {"max_steps": 16, "warmup_steps": 2, "micro_batch_size": 8, "log_interval": 1,
-                  "eval_interval": 1000, "checkpoint_interval": 1000, "grad_clip": 1.0,
-                  "optimizer": {"name": optimizer}},
-        "parallel": {"dp": 2, "fsdp": layout == "fsdp"},
-        "resource": {"cpu_processes": 2},
-    }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return experiment(
+        "bench-optimizers", "Muon's step costs about what AdamW's does under both data-parallel layouts.",
+        "perf/tokens_per_s",
+        model={"model_type": "llama", "hidden_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 4,
+               "intermediate_size": 768, "vocab_size": 2048, "max_position_embeddings": 256,
+               "tie_word_embeddings": False},
+        data={"sources": [{"name": n, "path": str(data_root / f"{n}.jsonl"), "weight": w}
+                          for n, w in (("code", 0.5), ("docs", 0.3), ("reference", 0.2))],
+              "seq_len": 128, "tokenizer": {"vocab_size": 2048}},
+        train={"max_steps": 16, "warmup_steps": 2, "micro_batch_size": 8, "log_interval": 1,
+               "eval_interval": 1000, "checkpoint_interval": 1000, "grad_clip": 1.0,
+               "optimizer": {"name": optimizer}},
+        parallel={"dp": 2, "fsdp": layout == "fsdp"},
+        resource={"cpu_processes": 2},
+    )
 
 
 def run(optimizer: str, layout: str, tmp: Path, data_root: Path, data_dir: Path) -> float:
@@ -63,8 +54,7 @@ def run(optimizer: str, layout: str, tmp: Path, data_root: Path, data_dir: Path)
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            "--main_process_port", str(free_port()), "-m", "trainer", "--spec", str(run_dir / "spec.resolved.json"),
            "--run-dir", str(run_dir), "--data-dir", str(data_dir), "--tracking-uri", "none"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="true", PYTHONPATH=str(REPO),
-               MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1", PIPELINE_DATA_ROOTS=str(data_root))
+    env = child_env(OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="true", PIPELINE_DATA_ROOTS=str(data_root))
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
     if result.get("status") != "finished":
@@ -78,7 +68,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
-    from validation.data import build_demo_corpus, prepare_data
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
+    from pipelines.dataprep.prepare import prepare_data
     from validation.spec import DataSpec
 
     with tempfile.TemporaryDirectory(prefix="bench-optimizers-") as name:
@@ -93,9 +84,7 @@ def main() -> None:
             for optimizer, layout in RUNS:
                 samples[(optimizer, layout)].append(run(optimizer, layout, tmp, data_root, prepared.path))
     med = {k: statistics.median(v) for k, v in samples.items()}
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown")
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    cpu, when = cpu_model(), utc_stamp()
     load = os.getloadavg()[0]
     lines = [f"\n## Optimizers: AdamW vs Muon step time, DDP vs FSDP2 (bench/bench_optimizers.py) — {when}\n",
              f"Machine: {cpu}, {os.cpu_count()} CPUs, 2 gloo ranks x 1 thread; 1-min load {load:.1f} at the end "
@@ -108,8 +97,7 @@ def main() -> None:
     lines.append(f"\nMuon / AdamW: DDP {med[('muon', 'ddp')] / med[('adamw', 'ddp')]:.2f}, "
                  f"FSDP2 {med[('muon', 'fsdp')] / med[('adamw', 'fsdp')]:.2f}. Samples: "
                  + "; ".join(f"{o}-{lay} {', '.join(f'{x:.3f}' for x in v)}" for (o, lay), v in samples.items()))
-    with (HERE / "RESULTS.md").open("a") as fh:
-        fh.write("\n".join(lines) + "\n")
+    append_results_md("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

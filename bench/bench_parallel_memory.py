@@ -35,21 +35,28 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from scaffold import (
+    REPO,
+    RESULTS_DIR,
+    append_results_md,
+    child_env,
+    cpu_model,
+    experiment,
+    torchrun,
+    utc_stamp,
+    write_results_json,
+)
 
 MIB = 2**20
 AGREEMENT = 0.30
 """The planner's estimate must be within +-30 % of the measured per-rank peak (issue 12, part 4)."""
-RESULTS_JSON = REPO / "bench" / "results" / "parallel_memory.json"
+RESULTS_JSON = RESULTS_DIR / "parallel_memory.json"
 LAYOUTS = ("ddp", "fsdp", "fsdp_tp_1x2", "fsdp_tp_2x1")
 MODEL = {"model_type": "llama", "hidden_size": 512, "num_layers": 10, "num_heads": 8, "vocab_size": 16384,
          "tie_word_embeddings": False, "max_position_embeddings": 1024}
@@ -58,17 +65,15 @@ MODEL = {"model_type": "llama", "hidden_size": 512, "num_layers": 10, "num_heads
 def bench_spec(layout: str, micro: int, seq: int, world: int = 2) -> Any:
     from validation.spec import ExperimentSpec
 
-    return ExperimentSpec.model_validate({
-        "name": "bench-parallel-memory", "owner": "ml-platform",
-        "hypothesis": {"statement": "The planner's memory estimate matches what each rank really holds.",
-                       "metric": "perf/peak_mem_gb", "direction": "decrease", "min_effect": 0.01,
-                       "baseline": "champion"},
-        "model": MODEL | {"max_position_embeddings": max(seq, 16)},
-        "data": {"sources": [{"name": "code", "path": "data/demo/code.jsonl", "weight": 1.0}], "seq_len": seq},
-        "train": {"max_steps": 10, "micro_batch_size": micro, "precision": "fp32"},
-        "parallel": layout_dict(layout, world),
-        "resource": {"cpu_processes": world, "gpu_memory_gb": 64},
-    })
+    return ExperimentSpec.model_validate(experiment(
+        "bench-parallel-memory", "The planner's memory estimate matches what each rank really holds.",
+        "perf/peak_mem_gb", "decrease",
+        model=MODEL | {"max_position_embeddings": max(seq, 16)},
+        data={"sources": [{"name": "code", "path": "data/demo/code.jsonl", "weight": 1.0}], "seq_len": seq},
+        train={"max_steps": 10, "micro_batch_size": micro, "precision": "fp32"},
+        parallel=layout_dict(layout, world),
+        resource={"cpu_processes": world, "gpu_memory_gb": 64},
+    ))
 
 
 def layout_dict(layout: str, world: int) -> dict[str, Any]:
@@ -266,19 +271,10 @@ def worker(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- driver
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_layout(layout: str, steps: int, micro: int, seq: int, executor: str = "trainer") -> list[dict[str, Any]]:
-    env = os.environ | {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536",
-                        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           str(Path(__file__).resolve()), "--worker", "--layout", layout, "--steps", str(steps),
-           "--micro", str(micro), "--seq", str(seq), "--executor", executor]
+    env = child_env(OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="65536")
+    cmd = torchrun(__file__, "--worker", "--layout", layout, "--steps", str(steps), "--micro", str(micro),
+                   "--seq", str(seq), "--executor", executor)
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -324,11 +320,9 @@ def machine() -> dict[str, str]:
     import torch
     import transformers
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "?")
-    return {"nproc": str(os.cpu_count()), "cpu": cpu, "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "kernel": platform.release(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    return {"nproc": str(os.cpu_count()), "cpu": cpu_model(), "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__, "kernel": platform.release(),
+            "date": utc_stamp()}
 
 
 def append_results(rows: list[dict[str, Any]], args: argparse.Namespace, n_params: int) -> None:
@@ -363,9 +357,7 @@ def append_results(rows: list[dict[str, Any]], args: argparse.Namespace, n_param
     lines.append("Agreement rule (tests/test_preflight_memory.py, on the figures in bench/results/parallel_memory.json): "
                  f"estimate / measured peak above the baseline within 1 +- {AGREEMENT}.")
     lines.append("")
-    path = REPO / "bench" / "RESULTS.md"
-    with open(path, "a") as fh:
-        fh.write("\n".join(lines))
+    path = append_results_md("\n".join(lines))
     print(f"appended to {path}")
 
 
@@ -393,9 +385,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         rows.append(row)
     if not args.no_append:
         append_results(rows, args, bench_spec("ddp", args.micro, args.seq).model.parameter_count())
-        RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS_JSON.write_text(json.dumps({"machine": machine(), "micro": args.micro, "seq": args.seq,
-                                            "steps": args.steps, "rows": rows}, indent=1) + "\n")
+        write_results_json(RESULTS_JSON.stem, {"machine": machine(), "micro": args.micro, "seq": args.seq,
+                                               "steps": args.steps, "rows": rows})
     return rows
 
 

@@ -9,7 +9,6 @@ Appends to bench/RESULTS.md under "## PR check".
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
 import statistics
@@ -18,15 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from scaffold import REPO, append_results_md, cpu_model, utc_stamp
+
 PIPELINE = [sys.executable, "-m", "pipelines"]
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def timed(args: list[str], out_dir: Path) -> float:
@@ -55,14 +48,13 @@ def main(runs: int = 3, experiment: str = "higher-lr") -> dict[str, float]:
     load = os.getloadavg()[0]
     print(figures)
     lines = [
-        f"\n## PR check (bench/bench_pr_check.py) — {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC\n",
+        f"\n## PR check (bench/bench_pr_check.py) — {utc_stamp()}\n",
         f"Machine: {os.cpu_count()} CPUs, {cpu_model()}; Python {platform.python_version()}; 1-min load {load:.1f}.",
         f"`{spec}`: each step a cold `pipeline` process, median of {runs} runs (data cache warm).\n",
         "| step | median s |", "|---|---|",
         *[f"| {k.removesuffix('_s')} | {v} |" for k, v in figures.items()],
     ]
-    with (REPO / "bench" / "RESULTS.md").open("a") as fh:
-        fh.write("\n".join(lines) + "\n")
+    append_results_md("\n".join(lines) + "\n")
     return figures
 
 

@@ -25,14 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from scaffold import REPO, append_results_md, cpu_model, slurm_test_cluster, utc_stamp, write_results_json
+
 sys.path.insert(0, str(REPO / "tests"))  # tests/infra helpers, imported as infra.<module> as the tests do
-SLURM_SH = REPO / "tests" / "infra" / "slurm.sh"
 
 
 def _job(seed_dir: Path) -> dict[str, Any]:
@@ -93,23 +91,13 @@ def main() -> dict[str, Any]:
 
     sequential = SWEEP.replace("parallel: 2", "parallel: 1").replace("prune: true", "prune: false")
     assert sequential != SWEEP and "parallel: 1" in sequential and "prune: false" in sequential
-    state = Path(os.environ.get("SLURM_TEST_STATE", "/tmp/pipeline-slurm"))
-    running = subprocess.run([str(SLURM_SH), "status"], capture_output=True).returncode == 0
-    if not running:
-        subprocess.run([str(SLURM_SH), "start"], check=True, capture_output=True, timeout=900)
-    os.environ["SLURM_CONF"] = str(state / "slurm.conf")
-    try:
+    with slurm_test_cluster():
         slurm_version = subprocess.run(["sinfo", "-V"], capture_output=True, text=True).stdout.strip()
         pruned = run_mode("parallel 2, pruning", SWEEP)
         full = run_mode("sequential full grid", sequential)
-    finally:
-        if not running:
-            subprocess.run([str(SLURM_SH), "stop"], capture_output=True, timeout=120)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
     figures = {
-        "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(),
+        "when": utc_stamp(),
+        "machine": {"platform": platform.platform(), "cpu": cpu_model(), "cores": os.cpu_count(),
                     "python": platform.python_version(), "slurm": slurm_version,
                     "cluster": "tests/infra/slurm.sh: 2 slurmd nodes (n1, n2) on this one host, each claiming every core"},
         "pruned_parallel": pruned, "sequential_full_grid": full,
@@ -122,10 +110,8 @@ def main() -> dict[str, Any]:
     }
     print(json.dumps(figures, indent=1))
     if not args.no_append:
-        (REPO / "bench" / "results").mkdir(exist_ok=True)
-        (REPO / "bench" / "results" / "sweep_slurm.json").write_text(json.dumps(figures, indent=1) + "\n")
-        with (REPO / "bench" / "RESULTS.md").open("a", encoding="utf-8") as handle:
-            handle.write(markdown(figures))
+        write_results_json("sweep_slurm", figures)
+        append_results_md(markdown(figures))
     return figures
 
 

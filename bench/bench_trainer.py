@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -33,11 +32,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-for _k, _v in {"MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false", "DO_NOT_TRACK": "true"}.items():
-    os.environ.setdefault(_k, _v)
+from scaffold import (
+    append_results_md,
+    as_tensors,
+    demo_sources,
+    examples,
+    experiment,
+    machine,
+    packed_rows,
+    prepare_demo,
+    stack_examples,
+)
+
+from validation.environment import apply_offline_env
+
+apply_offline_env()
 
 WARMUP = 2
 SEQ, MICRO = 256, 8
@@ -46,28 +55,19 @@ SEQ, MICRO = 256, 8
 def bench_spec(precision: str, steps: int, async_ckpt: bool = False, ckpt_every: int = 10) -> Any:
     from validation.spec import ExperimentSpec
 
-    return ExperimentSpec.model_validate({
-        "name": "bench-trainer", "owner": "ml-platform",
-        "hypothesis": {"statement": "The trainer keeps up with a bare PyTorch loop on the same batches.",
-                       "metric": "perf/tokens_per_s", "direction": "increase", "min_effect": 0.01,
-                       "baseline": "champion"},
-        "model": {"model_type": "llama", "hidden_size": 256, "num_layers": 4, "num_heads": 4,
-                  "vocab_size": 2048, "max_position_embeddings": SEQ},
-        "data": {"sources": [{"name": n, "path": f"data/demo/{n}.jsonl", "weight": w}
-                             for n, w in (("code", 0.4), ("docs", 0.4), ("reference", 0.2))],
-                 "seq_len": SEQ, "tokenizer": {"vocab_size": 2048}},
-        "train": {"max_steps": steps, "micro_batch_size": MICRO, "precision": precision, "warmup_steps": 2,
-                  "log_interval": 5, "eval_interval": 10**6, "checkpoint_interval": ckpt_every,
-                  "keep_last": 1, "async_checkpoint": async_ckpt, "deterministic": True},
-    })
+    return ExperimentSpec.model_validate(experiment(
+        "bench-trainer", "The trainer keeps up with a bare PyTorch loop on the same batches.", "perf/tokens_per_s",
+        model={"model_type": "llama", "hidden_size": 256, "num_layers": 4, "num_heads": 4,
+               "vocab_size": 2048, "max_position_embeddings": SEQ},
+        data={"sources": demo_sources(), "seq_len": SEQ, "tokenizer": {"vocab_size": 2048}},
+        train={"max_steps": steps, "micro_batch_size": MICRO, "precision": precision, "warmup_steps": 2,
+               "log_interval": 5, "eval_interval": 10**6, "checkpoint_interval": ckpt_every,
+               "keep_last": 1, "async_checkpoint": async_ckpt, "deterministic": True},
+    ))
 
 
 def prepared_data() -> Any:
-    from validation.data import build_demo_corpus, prepare_data
-
-    if not (REPO / "data" / "demo" / "docs.jsonl").is_file():
-        build_demo_corpus(REPO / "data" / "demo")
-    return prepare_data(bench_spec("fp32", 1).data, REPO, progress=False)
+    return prepare_demo(bench_spec("fp32", 1).data)
 
 
 def reset_accelerate() -> None:
@@ -78,10 +78,11 @@ def reset_accelerate() -> None:
     GradientState._reset_state()
 
 
-def windowed(done_at: list[float], tokens_per_step: float) -> float:
-    if len(done_at) <= WARMUP + 1:
+def windowed(done_at: list[float], tokens_per_step: float, warmup: int = WARMUP) -> float:
+    """Tokens/s from the end of step `warmup` to the last step's end (nan with too few steps)."""
+    if len(done_at) <= warmup + 1:
         return float("nan")
-    return (len(done_at) - 1 - WARMUP) * tokens_per_step / (done_at[-1] - done_at[WARMUP])
+    return (len(done_at) - 1 - warmup) * tokens_per_step / (done_at[-1] - done_at[warmup])
 
 
 def steady(done_at: list[float], cpu_at: list[float], tokens_per_step: float) -> dict[str, float]:
@@ -102,10 +103,7 @@ def per_cpu_second(cpu_at: list[float], tokens_per_step: float) -> float:
 
 
 def packed_batches(prepared: Any, steps: int) -> list[dict[str, Any]]:
-    from trainer.data import MixtureBatcher
-
-    batcher = MixtureBatcher(prepared, bench_spec("fp32", 1).data.weights(), SEQ, MICRO, 1, 1234, 0, 1)
-    return [batcher.batch(s, 0) for s in range(steps)]
+    return packed_rows(prepared, bench_spec("fp32", 1).data, MICRO, steps)
 
 
 # ----------------------------------------------------------------------------- systems
@@ -124,8 +122,7 @@ def run_bare(prepared: Any, precision: str, steps: int, on_step: Any = None) -> 
     torch.manual_seed(0)
     model = build_model(spec.model)
     opt = build_optimizer(model, spec.train, spec.model)
-    batches = [{k: torch.from_numpy(b[k]) for k in ("input_ids", "labels", "position_ids")}
-               for b in packed_batches(prepared, steps)]
+    batches = as_tensors(packed_batches(prepared, steps))
     ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
     done_at, cpu_at = [], []
     for batch in batches:
@@ -242,17 +239,10 @@ def run_hf(prepared: Any, precision: str, steps: int, work: Path) -> dict[str, f
     reset_accelerate()
     torch.manual_seed(0)
     model = build_model(bench_spec(precision, steps).model)
-    rows = []
-    for b in packed_batches(prepared, steps):
-        for i in range(MICRO):
-            rows.append({k: torch.from_numpy(b[k][i]) for k in ("input_ids", "labels", "position_ids")})
-
-    def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
-        return {k: torch.stack([it[k] for it in items]) for k in items[0]}
-
     clock = _StepClock()
-    trainer = HFTrainer(model=model, args=_hf_args(precision, steps, work / "hf"), train_dataset=rows,
-                        data_collator=collate, callbacks=[clock.callback()])
+    trainer = HFTrainer(model=model, args=_hf_args(precision, steps, work / "hf"),
+                        train_dataset=examples(packed_batches(prepared, steps)), data_collator=stack_examples,
+                        callbacks=[clock.callback()])
     # HF shuffles with a RandomSampler; the rows are the same set, only the order differs.
     trainer.train()
     return {"tokens_per_s": windowed(clock.done_at, SEQ * MICRO),
@@ -359,19 +349,6 @@ def run_one(system: str, precision: str, steps: int, threads: int) -> dict[str, 
         raise SystemExit(f"unknown system {system!r}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def machine() -> dict[str, str]:
-    import accelerate
-    import torch
-    import transformers
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "?")
-    flags = Path("/proc/cpuinfo").read_text()
-    return {"nproc": str(os.cpu_count()), "cpu": cpu, "avx512_bf16": str("avx512_bf16" in flags),
-            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "accelerate": accelerate.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -538,9 +515,7 @@ def append_results(f: dict[str, Any]) -> None:
         "background thread).",
         "",
     ]
-    path = REPO / "bench" / "RESULTS.md"
-    with open(path, "a") as fh:
-        fh.write("\n".join(lines))
+    path = append_results_md("\n".join(lines))
     print(f"appended to {path}")
 
 

@@ -6,17 +6,16 @@ the committed examples plus variants that `extends: base.yaml` (each a full chai
 in a temporary copy of `experiments/`. Python's own start-up and the command's import
 time are measured side by side so the figure can be read against them.
 
-Run: `.venv/bin/python bench/bench_validate.py` (prints the figures, returns them from
-`main()`, and appends them to bench/RESULTS.md under "## validate").
+Run: `.venv/bin/python bench/bench_validate.py [--runs N] [--no-append]` (prints the figures,
+returns them from `main()`, and appends them to bench/RESULTS.md under "## validate").
 """
 
 from __future__ import annotations
 
-import datetime
+import argparse
 import os
 import platform
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -25,28 +24,15 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from scaffold import RESULTS_MD, child_env, copy_specs, cpu_model, utc_stamp
+
 FILES = 20
 RUNS = 7
 GOAL_S = 1.0
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def _make_files(root: Path) -> list[Path]:
-    experiments = root / "experiments"
-    experiments.mkdir()
-    (root / "data").mkdir()
-    for path in sorted((REPO / "experiments").glob("*.yaml")):
-        shutil.copy(path, experiments / path.name)
+    experiments = copy_specs(root)
     files = sorted(experiments.glob("*.yaml"))
     statement = (
         "Changing the seed alone should not move the held-out loss by more than noise, by construction."
@@ -62,14 +48,14 @@ def _make_files(root: Path) -> list[Path]:
     return files
 
 
-def _median_wall(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, list[float], float]:
+def _median_wall(cmd: list[str], cwd: Path, env: dict[str, str], runs: int) -> tuple[float, list[float], float]:
     """Median wall seconds, every run's wall seconds, and median CPU seconds (user+sys) of the child.
 
     CPU time is reported next to wall time because a shared machine inflates wall time
     with other people's work; CPU time is what the command itself costs.
     """
     times, cpu = [], []
-    for _ in range(RUNS):
+    for _ in range(runs):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
@@ -80,23 +66,23 @@ def _median_wall(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float,
     return statistics.median(times), times, statistics.median(cpu)
 
 
-def main(append: bool = True) -> dict:
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+def main(append: bool = True, runs: int = RUNS) -> dict:
+    env = child_env()
     with tempfile.TemporaryDirectory(prefix="bench-validate-") as tmp:
         root = Path(tmp)
         files = _make_files(root)
         args = [str(p.relative_to(root)) for p in files]
-        python_s, _, _ = _median_wall([sys.executable, "-c", "pass"], root, env)
-        help_s, _, help_cpu = _median_wall([sys.executable, "-c", "import pipelines.cli"], root, env)
-        validate_s, runs, validate_cpu = _median_wall(
-            [sys.executable, "-m", "pipelines", "validate", *args], root, env
+        python_s, _, _ = _median_wall([sys.executable, "-c", "pass"], root, env, runs)
+        help_s, _, help_cpu = _median_wall([sys.executable, "-c", "import pipelines.cli"], root, env, runs)
+        validate_s, walls, validate_cpu = _median_wall(
+            [sys.executable, "-m", "pipelines", "validate", *args], root, env, runs
         )
         load = os.getloadavg()[0]
     figures = {
         "files": FILES,
-        "runs": RUNS,
+        "runs": runs,
         "validate_20_cold_median_s": round(validate_s, 3),
-        "validate_runs_s": [round(t, 3) for t in runs],
+        "validate_runs_s": [round(t, 3) for t in walls],
         "validate_cpu_median_s": round(validate_cpu, 3),
         "cli_import_cpu_median_s": round(help_cpu, 3),
         "load_average_1m": round(load, 2),
@@ -108,7 +94,7 @@ def main(append: bool = True) -> dict:
         "cpu_meets_goal": validate_cpu < GOAL_S,
     }
     print(
-        f"validate {FILES} files, cold process: median {validate_s:.3f} s over {RUNS} runs "
+        f"validate {FILES} files, cold process: median {validate_s:.3f} s over {runs} runs "
         f"(CPU {validate_cpu:.3f} s; python start {python_s:.3f} s, CLI import {help_s:.3f} s, "
         f"{figures['beyond_imports_cpu_s']:.3f} s CPU beyond the CLI import; load average {load:.1f}); goal < {GOAL_S:.0f} s: "
         f"wall {'met' if figures['meets_goal'] else 'NOT met'}, CPU {'met' if figures['cpu_meets_goal'] else 'NOT met'}"
@@ -123,8 +109,8 @@ def _append(figures: dict) -> None:
         f"{pkg} {metadata.version(pkg)}" for pkg in ("pydantic", "pyyaml", "typer") if _has(pkg)
     )
     entry = (
-        f"\n### {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC\n"
-        f"- machine: {os.cpu_count()} CPUs ({_cpu_model()}), {platform.system()} {platform.release()}; "
+        f"\n### {utc_stamp()}\n"
+        f"- machine: {os.cpu_count()} CPUs ({cpu_model()}), {platform.system()} {platform.release()}; "
         f"Python {platform.python_version()}, {versions}\n"
         f"- `pipeline validate` on {figures['files']} files (4 examples + chained variants), one cold process: "
         f"**median {figures['validate_20_cold_median_s']:.3f} s** over {figures['runs']} runs "
@@ -139,8 +125,7 @@ def _append(figures: dict) -> None:
         f"CPU {'met' if figures['cpu_meets_goal'] else 'not met'}\n"
         "- reproduce: `.venv/bin/python bench/bench_validate.py`\n"
     )
-    results = REPO / "bench" / "RESULTS.md"
-    text = results.read_text(encoding="utf-8") if results.exists() else "# Benchmark results\n"
+    text = RESULTS_MD.read_text(encoding="utf-8") if RESULTS_MD.exists() else "# Benchmark results\n"
     heading = "\n## validate\n"
     if heading not in text:
         text = text.rstrip("\n") + "\n" + heading
@@ -151,7 +136,7 @@ def _append(figures: dict) -> None:
         nxt = text.find("\n## ", start)
         end = len(text) if nxt < 0 else nxt
         text = text[:end].rstrip("\n") + "\n" + entry + text[end:]
-    results.write_text(text, encoding="utf-8")
+    RESULTS_MD.write_text(text, encoding="utf-8")
 
 
 def _has(pkg: str) -> bool:
@@ -163,4 +148,8 @@ def _has(pkg: str) -> bool:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=RUNS, help="cold runs of each command (median)")
+    parser.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    cli = parser.parse_args()
+    main(append=not cli.no_append, runs=cli.runs)

@@ -23,21 +23,17 @@ bench/RESULTS.md under "## Verdict rule"; `--no-write` only prints). About 10 s.
 
 from __future__ import annotations
 
-import datetime
 import math
 import platform
 import sys
 import time
-from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
+from scaffold import append_results_md, utc_stamp
 from scipy import stats
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from reports.verdict import PLANNING_FACTOR, SUPPORTED, decide_values, seeds_needed  # noqa: E402
+from reports.verdict import PLANNING_FACTOR, SUPPORTED, decide_values, seeds_needed
 
 TRIALS = 20_000
 ALPHA = 0.05
@@ -169,9 +165,7 @@ def main(write: bool = True) -> str:
     body = "\n".join(parts) + f"\n\nSimulated in {elapsed:.1f} s. Reproduce: `.venv/bin/python bench/bench_verdict.py`.\n"
     print(body)
     if write:
-        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-        with (REPO / "bench" / "RESULTS.md").open("a", encoding="utf-8") as fh:
-            fh.write(f"\n## Verdict rule (bench/bench_verdict.py) — {stamp}\n\n{body}")
+        append_results_md(f"\n## Verdict rule (bench/bench_verdict.py) — {utc_stamp()}\n\n{body}")
     return body
 
 

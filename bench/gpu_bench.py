@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -27,14 +26,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-for _k, _v in {"MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false"}.items():
-    os.environ.setdefault(_k, _v)
+from bench_trainer import TimedSink, _StepClock, reset_accelerate, windowed
+from scaffold import (
+    append_results_md,
+    as_tensors,
+    demo_sources,
+    examples,
+    experiment,
+    machine,
+    packed_rows,
+    prepare_demo,
+    stack_examples,
+)
 
-from bench_trainer import TimedSink, _StepClock, machine, reset_accelerate  # noqa: E402
+from validation.environment import apply_offline_env
+
+apply_offline_env()
 
 WARMUP = 3
 SIZES = {"125m": (768, 12, 12, 2048), "350m": (1024, 24, 16, 2816)}
@@ -44,34 +51,21 @@ def spec_for(size: str, seq: int, micro: int, steps: int, compile_model: bool) -
     from validation.spec import ExperimentSpec
 
     hidden, layers, heads, ffn = SIZES[size]
-    return ExperimentSpec.model_validate({
-        "name": "gpu-bench", "owner": "ml-platform",
-        "hypothesis": {"statement": "The trainer reaches the MFU of a bare loop on a single GPU in bf16.",
-                       "metric": "perf/mfu", "direction": "increase", "min_effect": 0.01, "baseline": "champion"},
-        "model": {"model_type": "llama", "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
-                  "intermediate_size": ffn, "vocab_size": 32000, "max_position_embeddings": seq,
-                  "attn_implementation": "sdpa"},
-        "data": {"sources": [{"name": n, "path": f"data/demo/{n}.jsonl", "weight": w}
-                             for n, w in (("code", 0.4), ("docs", 0.4), ("reference", 0.2))],
-                 "seq_len": seq, "tokenizer": {"vocab_size": 8192}},
-        "train": {"max_steps": steps, "micro_batch_size": micro, "precision": "bf16", "warmup_steps": 2,
-                  "log_interval": 10, "eval_interval": 10**6, "checkpoint_interval": 10**6, "compile": compile_model,
-                  "deterministic": False},
-        "resource": {"gpus_per_node": 1, "gpu_type": "h100"},
-    })
-
-
-def windowed(done_at: list[float], tokens_per_step: float) -> float:
-    if len(done_at) <= WARMUP + 1:
-        return float("nan")
-    return (len(done_at) - 1 - WARMUP) * tokens_per_step / (done_at[-1] - done_at[WARMUP])
+    return ExperimentSpec.model_validate(experiment(
+        "gpu-bench", "The trainer reaches the MFU of a bare loop on a single GPU in bf16.", "perf/mfu",
+        model={"model_type": "llama", "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
+               "intermediate_size": ffn, "vocab_size": 32000, "max_position_embeddings": seq,
+               "attn_implementation": "sdpa"},
+        data={"sources": demo_sources(), "seq_len": seq, "tokenizer": {"vocab_size": 8192}},
+        train={"max_steps": steps, "micro_batch_size": micro, "precision": "bf16", "warmup_steps": 2,
+               "log_interval": 10, "eval_interval": 10**6, "checkpoint_interval": 10**6, "compile": compile_model,
+               "deterministic": False},
+        resource={"gpus_per_node": 1, "gpu_type": "h100"},
+    ))
 
 
 def rows(prepared: Any, spec: Any) -> list[dict[str, Any]]:
-    from trainer.data import MixtureBatcher
-
-    b = MixtureBatcher(prepared, spec.data.weights(), spec.data.seq_len, spec.train.micro_batch_size, 1, 1234, 0, 1)
-    return [b.batch(s, 0) for s in range(spec.train.max_steps)]
+    return packed_rows(prepared, spec.data, spec.train.micro_batch_size, spec.train.max_steps)
 
 
 def run_bare(prepared: Any, spec: Any) -> float:
@@ -85,8 +79,7 @@ def run_bare(prepared: Any, spec: Any) -> float:
     if spec.train.compile:
         model = torch.compile(model)
     opt = build_optimizer(model, spec.train, spec.model)
-    batches = [{k: torch.from_numpy(b[k]).cuda() for k in ("input_ids", "labels", "position_ids")}
-               for b in rows(prepared, spec)]
+    batches = as_tensors(rows(prepared, spec), "cuda")
     done_at = []
     for batch in batches:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -99,7 +92,7 @@ def run_bare(prepared: Any, spec: Any) -> float:
         done_at.append(time.perf_counter())
     del model, opt
     torch.cuda.empty_cache()
-    return windowed(done_at, spec.data.seq_len * spec.train.micro_batch_size)
+    return windowed(done_at, spec.data.seq_len * spec.train.micro_batch_size, WARMUP)
 
 
 def run_trainer(prepared: Any, spec: Any, work: Path) -> tuple[float, float]:
@@ -114,7 +107,7 @@ def run_trainer(prepared: Any, spec: Any, work: Path) -> tuple[float, float]:
     trainer.sink = trainer.alerts.sink = sink
     trainer.run()
     done = trainer.step_done_at
-    tps = windowed(done, spec.data.seq_len * spec.train.micro_batch_size)
+    tps = windowed(done, spec.data.seq_len * spec.train.micro_batch_size, WARMUP)
     share = sink.seconds / (done[-1] - done[0])
     del trainer
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -132,8 +125,7 @@ def run_hf(prepared: Any, spec: Any, work: Path) -> float:
     reset_accelerate()
     torch.manual_seed(0)
     model = build_model(spec.model)
-    data = [{k: torch.from_numpy(b[k][i]) for k in ("input_ids", "labels", "position_ids")}
-            for b in rows(prepared, spec) for i in range(spec.train.micro_batch_size)]
+    data = examples(rows(prepared, spec))
     clock = _StepClock()
     args = TrainingArguments(
         output_dir=str(work / "hf"), per_device_train_batch_size=spec.train.micro_batch_size,
@@ -142,19 +134,16 @@ def run_hf(prepared: Any, spec: Any, work: Path) -> float:
         dataloader_num_workers=2, disable_tqdm=True, remove_unused_columns=False, torch_compile=spec.train.compile,
     )
 
-    def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
-        return {k: torch.stack([it[k] for it in items]) for k in items[0]}
-
     class SyncClock(type(clock.callback())):  # type: ignore[misc]
         def on_step_end(self, *a: Any, **k: Any) -> None:
             torch.cuda.synchronize()
             super().on_step_end(*a, **k)
 
-    hf = HFTrainer(model=model, args=args, train_dataset=data, data_collator=collate, callbacks=[SyncClock()])
+    hf = HFTrainer(model=model, args=args, train_dataset=data, data_collator=stack_examples, callbacks=[SyncClock()])
     hf.train()
     del hf, model
     torch.cuda.empty_cache()
-    return windowed(clock.done_at, spec.data.seq_len * spec.train.micro_batch_size)
+    return windowed(clock.done_at, spec.data.seq_len * spec.train.micro_batch_size, WARMUP)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -175,13 +164,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("gpu_bench: no CUDA device; nothing to measure", file=sys.stderr)
         return {}
     from trainer.model import flops_per_token
-    from validation.data import build_demo_corpus, prepare_data
     from validation.flops import peak_tflops_for_device_name
 
     spec = spec_for(args.size, args.seq, args.micro, args.steps, args.compile)
-    if not (REPO / "data" / "demo" / "docs.jsonl").is_file():
-        build_demo_corpus(REPO / "data" / "demo")
-    prepared = prepare_data(spec.data, REPO, progress=False)
+    prepared = prepare_demo(spec.data)
     name = torch.cuda.get_device_name(0)
     peak = args.peak_tflops or peak_tflops_for_device_name(name)
     if peak is None:
@@ -224,8 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             lines.append(f"| {k} | {figures[f'{k}_tokens_per_s']:.0f} | {100 * figures[f'{k}_mfu']:.1f} % |")
         lines += ["", f"trainer/bare {figures['trainer_vs_bare']:.3f}, trainer/HF {figures['trainer_vs_hf']:.3f}, "
                       f"MLflow share {100 * figures['mlflow_share_of_loop']:.2f} %.", ""]
-        with open(REPO / "bench" / "RESULTS.md", "a") as fh:
-            fh.write("\n".join(lines))
+        append_results_md("\n".join(lines))
     with contextlib.suppress(Exception):
         torch.cuda.empty_cache()
     return figures

@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import json
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -33,12 +32,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+from bench_trainer import reset_accelerate, windowed
+from scaffold import (
+    append_results_md,
+    as_tensors,
+    demo_sources,
+    examples,
+    experiment,
+    free_port,
+    machine,
+    packed_rows,
+    prepare_demo,
+    stack_examples,
+)
 
-from validation.environment import apply_offline_env  # noqa: E402
-from validation.flops import (  # noqa: E402
+from validation.environment import apply_offline_env
+from validation.flops import (
     CPU_PEAK_TFLOPS_PER_THREAD,
     flops_per_token,
     peak_tflops_for_device_name,
@@ -59,31 +68,21 @@ def spec_for(size: str, seq: int, micro: int, steps: int, on_gpu: bool) -> Any:
     from validation.spec import ExperimentSpec
 
     hidden, layers, heads, ffn, vocab = SIZES[size]
-    return ExperimentSpec.model_validate({
-        "name": "gpu-fsdp-bench", "owner": "ml-platform",
-        "hypothesis": {"statement": "FSDP2 in this trainer reaches the throughput of the HF Trainer on one GPU.",
-                       "metric": "perf/mfu", "direction": "increase", "min_effect": 0.01, "baseline": "champion"},
-        "model": {"model_type": "llama", "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
-                  "intermediate_size": ffn, "vocab_size": vocab, "max_position_embeddings": max(seq, 16),
-                  "attn_implementation": "sdpa"},
-        "data": {"sources": [{"name": n, "path": f"data/demo/{n}.jsonl", "weight": w}
-                             for n, w in (("code", 0.4), ("docs", 0.4), ("reference", 0.2))],
-                 "seq_len": seq, "tokenizer": {"vocab_size": min(8192, vocab)}},
-        "train": {"max_steps": steps, "micro_batch_size": micro, "precision": "bf16" if on_gpu else "fp32",
-                  "warmup_steps": 2, "log_interval": 10, "eval_interval": 10**6, "checkpoint_interval": 10**6,
-                  "deterministic": False},
-        "parallel": {"dp": 1, "fsdp": True},
-        "resource": {"gpus_per_node": 1, "gpu_type": "h100"} if on_gpu else {"cpu_processes": 1},
-    })
+    return ExperimentSpec.model_validate(experiment(
+        "gpu-fsdp-bench", "FSDP2 in this trainer reaches the throughput of the HF Trainer on one GPU.", "perf/mfu",
+        model={"model_type": "llama", "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
+               "intermediate_size": ffn, "vocab_size": vocab, "max_position_embeddings": max(seq, 16),
+               "attn_implementation": "sdpa"},
+        data={"sources": demo_sources(), "seq_len": seq, "tokenizer": {"vocab_size": min(8192, vocab)}},
+        train={"max_steps": steps, "micro_batch_size": micro, "precision": "bf16" if on_gpu else "fp32",
+               "warmup_steps": 2, "log_interval": 10, "eval_interval": 10**6, "checkpoint_interval": 10**6,
+               "deterministic": False},
+        parallel={"dp": 1, "fsdp": True},
+        resource={"gpus_per_node": 1, "gpu_type": "h100"} if on_gpu else {"cpu_processes": 1},
+    ))
 
 
-def windowed(done_at: list[float], tokens_per_step: float) -> float:
-    if len(done_at) <= WARMUP + 1:
-        return float("nan")
-    return (len(done_at) - 1 - WARMUP) * tokens_per_step / (done_at[-1] - done_at[WARMUP])
-
-
-def packed_rows(spec: Any, dry_run: bool) -> tuple[list[dict[str, Any]], Any]:
+def batches_for(spec: Any, dry_run: bool) -> tuple[list[dict[str, Any]], Any]:
     """The batches every system trains on: demo-corpus packed rows, or random ids for --dry-run."""
     import numpy as np
 
@@ -93,14 +92,8 @@ def packed_rows(spec: Any, dry_run: bool) -> tuple[list[dict[str, Any]], Any]:
         ids = [rng.integers(0, spec.model.vocab_size, size=(micro, seq), dtype=np.int64) for _ in range(steps)]
         pos = np.tile(np.arange(seq, dtype=np.int64), (micro, 1))
         return [{"input_ids": x, "labels": x.copy(), "position_ids": pos} for x in ids], None
-    from trainer.data import MixtureBatcher
-    from validation.data import build_demo_corpus, prepare_data
-
-    if not (REPO / "data" / "demo" / "docs.jsonl").is_file():
-        build_demo_corpus(REPO / "data" / "demo")
-    prepared = prepare_data(spec.data, REPO, progress=False)
-    b = MixtureBatcher(prepared, spec.data.weights(), seq, micro, 1, 1234, 0, 1)
-    return [b.batch(s, 0) for s in range(steps)], prepared
+    prepared = prepare_demo(spec.data)
+    return packed_rows(prepared, spec.data, micro, steps), prepared
 
 
 @contextlib.contextmanager
@@ -111,10 +104,8 @@ def one_rank_group(on_gpu: bool) -> Any:
     if dist.is_initialized():
         yield
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
     try:
         yield
     finally:
@@ -153,7 +144,7 @@ def run_fsdp2(spec: Any, batches: list[dict[str, Any]], on_gpu: bool) -> dict[st
         model.apply(model._init_weights)
     init_rope_buffers(model)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-    inputs = [{k: torch.from_numpy(b[k]).to(device) for k in ("input_ids", "labels", "position_ids")} for b in batches]
+    inputs = as_tensors(batches, device)
     losses, norms, done_at = [], [], []
     for batch in inputs:
         loss = model(**batch, use_cache=False).loss
@@ -170,7 +161,7 @@ def run_fsdp2(spec: Any, batches: list[dict[str, Any]], on_gpu: bool) -> dict[st
     if on_gpu:
         torch.cuda.empty_cache()
     tokens = spec.data.seq_len * spec.train.micro_batch_size
-    return {"tokens_per_s": windowed(done_at, tokens), "loss_first": first_last[0], "loss_last": first_last[1]}
+    return {"tokens_per_s": windowed(done_at, tokens, WARMUP), "loss_first": first_last[0], "loss_last": first_last[1]}
 
 
 def run_trainer(spec: Any, prepared: Any, work: Path) -> dict[str, float] | None:
@@ -179,15 +170,13 @@ def run_trainer(spec: Any, prepared: Any, work: Path) -> dict[str, float] | None
 
     if prepared is None or not TRAINER.supports(spec.parallel_layout(), on_gpu=True):
         return None
-    from bench_trainer import reset_accelerate
-
     from trainer.loop import Trainer
 
     reset_accelerate()
     run_dir = work / f"trainer-{time.monotonic_ns()}"
     trainer = Trainer(spec, run_dir, prepared.path, tracking_uri="none", prepared=prepared)
     trainer.run()
-    tps = windowed(trainer.step_done_at, spec.data.seq_len * spec.train.micro_batch_size)
+    tps = windowed(trainer.step_done_at, spec.data.seq_len * spec.train.micro_batch_size, WARMUP)
     del trainer
     shutil.rmtree(run_dir, ignore_errors=True)
     return {"tokens_per_s": tps}
@@ -195,7 +184,6 @@ def run_trainer(spec: Any, prepared: Any, work: Path) -> dict[str, float] | None
 
 def run_hf(spec: Any, batches: list[dict[str, Any]], on_gpu: bool, work: Path) -> dict[str, float]:
     import torch
-    from bench_trainer import reset_accelerate
     from transformers import Trainer as HFTrainer
     from transformers import TrainerCallback, TrainingArguments
 
@@ -205,8 +193,7 @@ def run_hf(spec: Any, batches: list[dict[str, Any]], on_gpu: bool, work: Path) -
     torch.manual_seed(0)
     model = build_model(spec.model)
     micro = spec.train.micro_batch_size
-    data = [{k: torch.from_numpy(b[k][i]) for k in ("input_ids", "labels", "position_ids")}
-            for b in batches for i in range(micro)]
+    data = examples(batches)
     done_at: list[float] = []
 
     class Clock(TrainerCallback):
@@ -221,17 +208,14 @@ def run_hf(spec: Any, batches: list[dict[str, Any]], on_gpu: bool, work: Path) -
         dataloader_num_workers=0, disable_tqdm=True, remove_unused_columns=False, optim="adamw_torch_fused",
     )
 
-    def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
-        return {k: torch.stack([it[k] for it in items]) for k in items[0]}
-
     # Sequential sampling: the same rows in the same order as the other systems.
-    hf = HFTrainer(model=model, args=args, train_dataset=data, data_collator=collate, callbacks=[Clock()])
+    hf = HFTrainer(model=model, args=args, train_dataset=data, data_collator=stack_examples, callbacks=[Clock()])
     hf._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(data)  # type: ignore[method-assign]
     hf.train()
     del hf, model
     if on_gpu:
         torch.cuda.empty_cache()
-    return {"tokens_per_s": windowed(done_at, spec.data.seq_len * micro)}
+    return {"tokens_per_s": windowed(done_at, spec.data.seq_len * micro, WARMUP)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -247,8 +231,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
 
     import torch
-    from bench_trainer import machine
-
 
     on_gpu = torch.cuda.is_available() and not args.dry_run
     if args.dry_run:
@@ -257,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("gpu_fsdp_bench: no CUDA device; use --dry-run on a CPU", file=sys.stderr)
         return {}
     spec = spec_for(args.size, args.seq, args.micro, args.steps, on_gpu)
-    batches, prepared = packed_rows(spec, args.dry_run)
+    batches, prepared = batches_for(spec, args.dry_run)
     name = torch.cuda.get_device_name(0) if on_gpu else "cpu (dry run)"
     peak = args.peak_tflops or (peak_for(name) if on_gpu else CPU_PEAK_TFLOPS_PER_THREAD * torch.get_num_threads())
     if peak is None:
@@ -314,8 +296,7 @@ def append_results(f: dict[str, Any]) -> None:
     lines += ["", f"FSDP2/HF {f['fsdp2_vs_hf']:.3f}" + (f", trainer/HF {f['trainer_vs_hf']:.3f}" if f["trainer_ran"]
                                                         else "; trainer: FSDP not in its GPU capability, not run")
               + f"; peak memory {f.get('peak_mem_gb', float('nan')):.1f} GB.", ""]
-    with open(REPO / "bench" / "RESULTS.md", "a") as fh:
-        fh.write("\n".join(lines))
+    append_results_md("\n".join(lines))
 
 
 if __name__ == "__main__":

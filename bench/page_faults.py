@@ -21,9 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+from scaffold import append_results_md, machine
 
 STEPS = 16
 
@@ -88,8 +86,6 @@ def main(argv: list[str] | None = None) -> None:
     med = {k: {f: statistics.median(x[f] for x in v) for f in v[0]} for k, v in rows.items()}
     if args.no_append:
         return
-    from bench_trainer import machine
-
     m = machine()
     lines = ["", f"## host page faults: glibc defaults vs the trainer's allocator policy ({m['date']})", "",
              f"Machine: {m['nproc']} cores, {m['cpu']}, torch {m['torch']}, 1 thread, {args.precision}, the bench "
@@ -101,8 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| {system} | {'glibc defaults' if policy == 'off' else 'trainer.host_memory policy'} | "
                      f"{v['faults_per_step']:.0f} | {v['cpu_ms_per_step']:.1f} |")
     lines.append("")
-    with open(REPO / "bench" / "RESULTS.md", "a") as fh:
-        fh.write("\n".join(lines))
+    append_results_md("\n".join(lines))
 
 
 if __name__ == "__main__":

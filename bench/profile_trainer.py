@@ -26,25 +26,22 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from bench_trainer import (  # noqa: E402
-    MICRO,
-    bench_spec,
+from bench_trainer import _hf_args, bench_spec, packed_batches, prepared_data, reset_accelerate
+from scaffold import (
+    append_results_md,
+    as_tensors,
+    child_env,
+    examples,
     machine,
-    packed_batches,
-    prepared_data,
-    reset_accelerate,
+    stack_examples,
+    torchrun,
+    write_results_json,
 )
 
 SKIP = 2  # profiler schedule: steps not recorded (warm-up)
@@ -109,8 +106,7 @@ def bare(prepared: Any, precision: str, steps: int, deterministic: bool) -> dict
     torch.manual_seed(0)
     model = build_model(spec.model)
     opt = build_optimizer(model, spec.train, spec.model)
-    batches = [{k: torch.from_numpy(b[k]) for k in ("input_ids", "labels", "position_ids")}
-               for b in packed_batches(prepared, steps)]
+    batches = as_tensors(packed_batches(prepared, steps))
     ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
     done, cpu = [], []
     with profiler(steps) as prof:
@@ -212,7 +208,6 @@ def trainer(prepared: Any, precision: str, steps: int, work: Path, compile_model
 
 def hf(prepared: Any, precision: str, steps: int, work: Path) -> dict[str, Any]:
     import torch
-    from bench_trainer import _hf_args
     from transformers import Trainer as HFTrainer
     from transformers import TrainerCallback
 
@@ -221,14 +216,6 @@ def hf(prepared: Any, precision: str, steps: int, work: Path) -> dict[str, Any]:
     reset_accelerate()
     torch.manual_seed(0)
     model = build_model(bench_spec(precision, steps).model)
-    rows = []
-    for b in packed_batches(prepared, steps):
-        for i in range(MICRO):
-            rows.append({k: torch.from_numpy(b[k][i]) for k in ("input_ids", "labels", "position_ids")})
-
-    def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
-        return {k: torch.stack([it[k] for it in items]) for k in items[0]}
-
     prof = profiler(steps)
     done, cpu = [], []
 
@@ -238,8 +225,9 @@ def hf(prepared: Any, precision: str, steps: int, work: Path) -> dict[str, Any]:
             done.append(time.perf_counter())
             cpu.append(time.process_time())
 
-    t = HFTrainer(model=model, args=_hf_args(precision, steps, work / "hf"), train_dataset=rows,
-                  data_collator=collate, callbacks=[Step()])
+    t = HFTrainer(model=model, args=_hf_args(precision, steps, work / "hf"),
+                  train_dataset=examples(packed_batches(prepared, steps)), data_collator=stack_examples,
+                  callbacks=[Step()])
     prof.start()
     t.train()
     prof.stop()
@@ -307,13 +295,8 @@ def _allreduce_worker() -> None:
 
 
 def gloo_allreduce_us() -> float:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = os.environ | {"OMP_NUM_THREADS": "1"}
-    cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(port), str(Path(__file__).resolve()), "--allreduce-worker"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300).stdout
+    out = subprocess.run(torchrun(__file__, "--allreduce-worker"), env=child_env(OMP_NUM_THREADS="1"),
+                         capture_output=True, text=True, timeout=300).stdout
     for line in out.splitlines():
         if line.startswith("ALLREDUCE_US "):
             return float(line.split()[1])
@@ -375,10 +358,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
     if not args.no_append:
         append_results(out)
-    results = REPO / "bench" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    slim = {k: v for k, v in out.items()}
-    (results / "trainer_profile.json").write_text(json.dumps(slim, indent=1, default=str) + "\n")
+    write_results_json("trainer_profile", out)
     return out
 
 
@@ -420,8 +400,7 @@ def append_results(out: dict[str, Any]) -> None:
                      for k, v in out["adamw"].items()))
     lines.append(f"- gloo all-reduce of the 3-float step flags, 2 ranks on this host: {out['gloo_allreduce_us']:.0f} us")
     lines.append("")
-    with open(REPO / "bench" / "RESULTS.md", "a") as fh:
-        fh.write("\n".join(lines))
+    append_results_md("\n".join(lines))
 
 
 if __name__ == "__main__":

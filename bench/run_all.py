@@ -17,20 +17,23 @@ SCRIPTS = ["bench_validate.py", "bench_pr_check.py", "bench_data.py", "bench_tra
 GPU_SCRIPTS = ["gpu_bench.py", "gpu_fsdp_bench.py"]
 
 
-def main() -> int:
+def run(scripts: list[str]) -> list[str]:
+    """Run each script from the repository root, in order; the ones that failed."""
     failed = []
-    for script in SCRIPTS:
+    for script in scripts:
         print(f"== {script}", flush=True)
         if subprocess.run([sys.executable, str(HERE / script)], cwd=HERE.parent).returncode:
             failed.append(script)
+    return failed
+
+
+def main() -> int:
+    failed = run(SCRIPTS)
     try:
         import torch
 
         if torch.cuda.is_available():
-            for script in GPU_SCRIPTS:
-                print(f"== {script}", flush=True)
-                if subprocess.run([sys.executable, str(HERE / script)], cwd=HERE.parent).returncode:
-                    failed.append(script)
+            failed += run(GPU_SCRIPTS)
     except ImportError:
         pass
     print("results: bench/RESULTS.md" + (f"; FAILED: {', '.join(failed)}" if failed else ""))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from trainer.tracking import bound_mlflow_http
+from trainer.mlflow_endpoint import bound_mlflow_http
 from validation.environment import apply_offline_env
 
 # MLflow phones home on import unless told not to; every process we start inherits this.
@@ -32,9 +32,9 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported here so each module can stay independent; order = order in --help.
-    from pipelines import cmd_data, cmd_github, cmd_report, cmd_run, cmd_train, cmd_validate
+    from pipelines import cmd_data, cmd_demo, cmd_github, cmd_report, cmd_run, cmd_train, cmd_validate
 
-    for module in (cmd_validate, cmd_data, cmd_train, cmd_run, cmd_report, cmd_github):
+    for module in (cmd_validate, cmd_data, cmd_train, cmd_run, cmd_demo, cmd_report, cmd_github):
         module.register(app)
 
 

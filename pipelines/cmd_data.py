@@ -1,7 +1,7 @@
 """`pipeline data demo | prepare | check`: build the demo corpus, prepare a data version,
 run the distribution checks.
 
-Cheap to import: `validation.data` (numpy + tokenizers), the spec loader and
+Cheap to import: `pipelines.dataprep` (numpy + tokenizers), the spec loader and
 great-expectations are imported inside the commands.
 """
 
@@ -60,13 +60,13 @@ def demo(
     max_mb: Annotated[float | None, typer.Option(help="Cap every source at this many MB (default: 4 MB code, 1.5 MB docs, 1 MB reference).")] = None,
 ) -> None:
     """Build the demo corpus from this interpreter's standard library (no download)."""
-    from validation.data import build_demo_corpus
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
 
     started = time.perf_counter()
     corpus = build_demo_corpus(out, int(max_mb * 1e6) if max_mb else None)
     for name, path in corpus.paths.items():
         typer.echo(f"{name:<10} {corpus.documents[name]:>7} documents  {corpus.bytes[name] / 1e6:6.2f} MB  {path}")
-    from pipelines.demo_task import build_demo_task
+    from pipelines.dataprep.demo_eval_task import build_demo_task
 
     task = build_demo_task(out)  # the demo's downstream task data (data/tasks/demo_next_line.yaml)
     typer.echo(f"{'task':<10} {sum(1 for _ in open(task, encoding='utf-8')):>7} examples   {task}")
@@ -79,7 +79,7 @@ def plan(
     workers: Annotated[int | None, typer.Option(min=1, help="Workers to estimate for (default: every core).")] = None,
 ) -> None:
     """Input size, preparation tasks and the estimated preparation time, from file sizes only."""
-    from validation.data.prepare import estimate_preparation
+    from pipelines.dataprep.inputs import estimate_preparation
 
     try:
         resolved, repo = _load(spec_file)
@@ -105,8 +105,8 @@ def prepare(
     """Clean, de-duplicate, tokenize and shard the sources; a second run is a cache hit, and a run
     after a crash resumes (finished tasks are not redone). The result is the same for any
     --workers and for --launcher slurm."""
-    from validation.data import prepare_data
-    from validation.data.engine import SlurmOptions
+    from pipelines.dataprep.executors import SlurmOptions
+    from pipelines.dataprep.prepare import prepare_data
 
     try:
         if launcher not in ("local", "slurm"):
@@ -148,7 +148,7 @@ def check(
     out: Annotated[Path | None, typer.Option(help="Directory for data_check.{json,md,html} (default: data/checks/<name>).")] = None,
 ) -> None:
     """Validate the prepared data with great-expectations: absolute rules and drift vs the baseline."""
-    from validation.data import prepare_data
+    from pipelines.dataprep.prepare import prepare_data
     from validation.data.checks import run_data_checks
     from validation.errors import DataCheckFailed
     from validation.loader import load_spec

@@ -1,4 +1,4 @@
-"""`pipeline run | train | status | cancel | runs | doctor | demo`: orchestration commands.
+"""`pipeline run | train | status | cancel | runs | doctor`: orchestration commands.
 
 Every import of the flow, the launchers, MLflow or torch happens inside the command, so
 this module stays cheap to import (it is loaded for every `pipeline` invocation).
@@ -194,7 +194,7 @@ def runs(
     from rich.console import Console
     from rich.table import Table
 
-    from trainer.tracking import default_tracking_uri
+    from trainer.mlflow_endpoint import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri(_repo())
     try:
@@ -237,19 +237,6 @@ def doctor(
     raise typer.Exit(0 if report.ok else 1)
 
 
-def demo(
-    experiment: Annotated[str, typer.Option(help="Example experiment to run end to end.")] = "higher-lr",
-) -> None:
-    """The whole PR flow on this machine: build the demo corpus, validate and plan every example,
-    then run one experiment end to end (baseline included) with local MLflow."""
-    from pipelines.demo import run_demo
-
-    try:
-        run_demo(_repo(), experiment)
-    except PipelineError as exc:
-        raise fail(exc) from None
-
-
 def register(app: typer.Typer) -> None:
     """Add the orchestration commands to the main app."""
     app.command()(run)
@@ -258,4 +245,3 @@ def register(app: typer.Typer) -> None:
     app.command()(cancel)
     app.command()(runs)
     app.command()(doctor)
-    app.command()(demo)

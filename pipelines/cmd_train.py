@@ -48,16 +48,16 @@ def smoke(
         repo = find_repo_root(spec_file)
         resolved = resolve(spec_file, repo)
         spec = resolved.spec
+        from pipelines.dataprep.prepare import prepare_data
         from trainer.smoke import run_smoke
-        from validation.data import prepare_data
 
         prepared = prepare_data(spec.data, repo, cache, progress=False)
         target = run_dir or repo / "runs" / "smoke" / spec.name
         result = run_smoke(resolved, prepared, target, tracking_uri=tracking_uri)
         if result["status"] == "passed":
-            from pipelines.sharded_smoke import run_sharded_smoke
+            from pipelines.layout_probe import run_layout_probe
 
-            sharded = run_sharded_smoke(resolved, prepared, Path(target) / "sharded")
+            sharded = run_layout_probe(resolved, prepared, Path(target) / "sharded")
             if sharded is not None:  # the layout is sharded: 2 CPU processes of its kind ran too
                 result["sharded"] = sharded
                 result["checks"] |= sharded["checks"]
@@ -87,7 +87,7 @@ def replay_metrics(
 ) -> None:
     """Send spooled MLflow metrics of a run whose server was unreachable; each point once."""
     apply_offline_env()
-    from trainer.tracking import replay_spool
+    from trainer.spool_replay import replay_spool
 
     try:
         out = replay_spool(run_dir, tracking_uri)

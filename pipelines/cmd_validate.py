@@ -63,8 +63,9 @@ def validate(
     ] = ValidateFormat.text,
 ) -> None:
     """Check experiment files: every problem, each with file:line:col and what to change. Exit 2 on any."""
-    from validation.loader import check_spec, display_path
+    from validation.loader import check_spec
     from validation.paths import experiment_files
+    from validation.yaml_source import display_path
 
     expanded = [p for f in files for p in ((experiment_files(f) or [f]) if f.is_dir() else [f])]
     results: list[dict[str, Any]] = []
@@ -217,7 +218,8 @@ def plan(
 
 def _reference_for(resolved: ResolvedExperiment, loaded: LoadedSpec) -> tuple[ExperimentSpec | None, str]:
     """The baseline experiment's file when there is one, else the base this file extends."""
-    from validation.loader import check_spec, display_path
+    from validation.loader import check_spec
+    from validation.yaml_source import display_path
 
     top = loaded.files[0] if loaded.files else None
     candidates: list[Path] = []
@@ -284,7 +286,7 @@ def _sweep_cost(resolved: ResolvedExperiment, reference: ExperimentSpec | None) 
 def _preparation(spec: ExperimentSpec, repo_root: Path) -> dict[str, Any]:
     """Input size, preparation tasks and estimated time (`estimate_preparation`: file sizes only,
     nothing read); a missing input is reported, not fatal (`pipeline validate` names it)."""
-    from validation.data.prepare import estimate_preparation
+    from pipelines.dataprep.inputs import estimate_preparation
     from validation.errors import DataError
 
     try:
@@ -368,9 +370,9 @@ def schema(
     ] = None,
 ) -> None:
     """Generate experiments/schema.json (editor completion) from the spec models."""
-    from validation.loader import display_path
     from validation.paths import repo_root_from_cwd
     from validation.schema import is_current, schema_path, write_schema
+    from validation.yaml_source import display_path
 
     target = output or schema_path(repo_root_from_cwd())
     if check:

@@ -1,8 +1,8 @@
 """Continue a run on another layout: `pipeline train FILE --continue-from RUN_DIR`.
 
-The trainer's checkpoints are sharded DCP state that loads under any layout or world size
-(`trainer.checkpointing`); what a user needs is a way to say "go on with *that* run, on
-these machines". A layout is part of the spec hash, so a YAML with another `parallel:` or
+The trainer's checkpoints load under any layout or world size (`trainer.checkpoint`,
+docs/checkpoints.md); what a user needs is a way to say "go on with *that* run, on these
+machines". A layout is part of the spec hash, so a YAML with another `parallel:` or
 `resource:` section is another run: it starts at step 0 in a run directory of its own.
 
 Continuing seeds that new run directory from the old one before the trainer starts:
@@ -19,17 +19,20 @@ the same (`refusal`): anything else is another experiment and is refused in one 
 
 A run that starts at step 0 while a run of the same experiment, data, code and seed has
 checkpoints under another layout is told how to continue that one (`other_layout_hint`).
+`for_seed` is what the flow asks for each candidate seed it is about to train.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer import checkpoint as ckpt
+from pipelines.launchers import running_job
+from trainer.checkpoint import format as ckpt
 from validation.errors import UsageError
 from validation.files import atomic_write_json, read_json
 from validation.resolved import RESOLVED_FILE, ResolvedExperiment, load_resolved
@@ -73,10 +76,8 @@ def layout_of(resolved: ResolvedExperiment) -> dict[str, Any]:
 
 def describe(layout: dict[str, Any]) -> str:
     """`2 processes (dp 2, fsdp)`."""
-    from trainer.checkpointing import describe_layout
-
     n = layout["processes"]
-    return f"{n} process{'es' if n != 1 else ''} ({describe_layout(layout | {'fsdp': layout.get('fsdp') and layout['dp'] > 1})})"
+    return f"{n} process{'es' if n != 1 else ''} ({ckpt.describe_layout(layout | {'fsdp': layout.get('fsdp') and layout['dp'] > 1})})"
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -166,6 +167,36 @@ def plan(source: Path, new: ResolvedExperiment, *, code_version: str, data_versi
         raise UsageError(f"{where}: no valid checkpoint under {source / 'checkpoints'}")
     step = int(found.name[len(ckpt.PREFIX):])
     return Continuation(source, found, step, layout_of(old), layout_of(new))
+
+
+def for_seed(seeded: ResolvedExperiment, seed: int, seed_dir: Path, *, source_dir: Path | None, runs_root: Path,
+             code_version: str, data_version: str, tracking_uri: str,
+             warn: Callable[[str], None]) -> Continuation | None:
+    """With a `source_dir` (--continue-from): the checked plan to continue that run's seed in
+    `seed_dir` (UsageError, one line, when it cannot be). Without: None, after warning when a
+    run of the same work has checkpoints under another layout and this one would start at step 0."""
+    went_on = continued_in(seed_dir)
+    if went_on is not None:  # resuming here too would write a second future into its MLflow run
+        raise UsageError(f"{seed_dir} was continued in {went_on} under another layout; "
+                         f"go on there (--continue-from {went_on} with that layout's file)")
+    if source_dir is None:
+        if not ckpt.list_checkpoints(seed_dir / "checkpoints"):
+            hint = other_layout_hint(runs_root, seeded, seed=seed, code_version=code_version,
+                                     data_version=data_version, spec_file=seeded.spec_file, exclude=seed_dir)
+            if hint:
+                warn(hint)
+        return None
+    sources = seed_dirs(source_dir)
+    if seed not in sources:
+        if not sources:
+            raise UsageError(f"--continue-from {source_dir}: no training run there")
+        warn(f"seed {seed}: {source_dir} has no run of it; it starts at step 0")
+        return None
+    if running_job(sources[seed]) is not None:
+        raise UsageError(f"cannot continue {sources[seed]}: its job is still running; "
+                         f"stop it first (pipeline cancel {sources[seed]})")
+    return plan(sources[seed], seeded, code_version=code_version, data_version=data_version, seed=seed,
+                tracking_uri=tracking_uri, target=seed_dir)
 
 
 def continued_in(seed_dir: Path) -> Path | None:

@@ -2,9 +2,12 @@
 -> evaluate -> report, for the baseline (first, when it has no finished run with the
 current code and data) and the candidate, on the same seeds.
 
-This module decides what to run and in which order; the work itself is done by the data
-layer (`validation.data`), the data checks (`validation.data.checks`), the launchers
-(`pipelines.launchers`) and `reports`. It does not know what a transformer is.
+This module decides what to run and in which order; the work itself is done by data
+preparation (`pipelines.dataprep`), the data checks (`validation.data.checks`), the launchers
+(`pipelines.launchers`) and `reports`. It does not know what a transformer is. Beside the
+stages: a sweep's trials run in `pipelines.sweep_trials`, `--continue-from` is decided in
+`pipelines.continuation`, the PR comment (progress, then the report) is `pipelines.pr_comment`,
+and the champion baseline and verdict tags in MLflow are `pipelines.mlflow_verdict`.
 """
 
 from __future__ import annotations
@@ -21,14 +24,16 @@ from typing import Any
 
 from pipelines import continuation
 from pipelines.identity import CodeVersion, RunIdentity, code_version, experiment_key
+from pipelines.mlflow_verdict import champion_records, mlflow_client, tag_verdict
+from pipelines.pr_comment import live_progress, publish_report
 from pipelines.rundir import finished_training_runs, new_run_dir, runs_root
 from pipelines.stages import StageOutcome, StageRunner
-from trainer import checkpoint as ckpt
-from trainer.tracking import default_tracking_uri
-from validation.errors import Detached, PipelineError, TrainingError, UsageError
+from pipelines.sweep_trials import run_sweep
+from trainer.mlflow_endpoint import default_tracking_uri
+from validation.errors import Detached, PipelineError, TrainingError
 from validation.files import atomic_write_json, atomic_write_text, read_json
 from validation.resolved import RESOLVED_FILE, ResolvedExperiment, resolve
-from validation.spec import CHAMPION, ExperimentSpec
+from validation.spec import ExperimentSpec
 
 
 @dataclass
@@ -89,21 +94,6 @@ class ExperimentResult:
         return Path(self.resolved.spec_file) if self.resolved.spec_file else None
 
 
-def _metric_rows(path: Path, metric: str) -> list[tuple[int, float]]:
-    """(step, value) of `metric` logged so far in a metrics.jsonl (a torn last line is skipped)."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and row.get("key") == metric and isinstance(row.get("value"), int | float):
-            rows.append((int(row.get("step", 0)), float(row["value"])))
-    return sorted(rows)
-
-
 class ExperimentFlow:
     """Runs the stages of experiments in one repository with shared caches."""
 
@@ -152,7 +142,7 @@ class ExperimentFlow:
         if self.options.continue_from is not None and spec.sweep is not None:
             raise PipelineError(f"{spec_path}: --continue-from continues one run, not a sweep")
         if spec.sweep is not None:
-            candidate = self.run_sweep(resolved, baseline)
+            candidate = run_sweep(self, resolved, baseline)
         else:
             candidate = self.run_one(resolved, role="candidate", baseline=baseline)
         return candidate, baseline
@@ -204,111 +194,9 @@ class ExperimentFlow:
                                          spec.hypothesis.model_dump(mode="json"))
         result = ExperimentResult(resolved, run_dir, "", [], [], report_dir=out_dir, verdict=OUTCOME,
                                   verdict_reason=reason(spec.name, base.spec.name))
-        self._publish(result, out_dir)
+        publish_report(spec.name, out_dir, pr=self.options.pr, sha=self.options.sha)
         self.reporter.stage(spec.name, "report", "finished", f"identical to {base.spec.name}")
         return result
-
-    def run_sweep(self, resolved: ResolvedExperiment, baseline: ExperimentResult | None) -> ExperimentResult:
-        """Trials on the selection seeds, up to `sweep.parallel` at once, each a normal run (own
-        identity, own job on the launcher), pruned by successive halving at their evals; the
-        winner is then trained on the hypothesis seeds and judged on those only."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from pipelines import sweep as sw
-
-        spec = resolved.spec
-        config = spec.sweep
-        assert config is not None
-        metric, mode = sw.selection(spec)
-        trials = sw.expand_trials(resolved)
-        cost = sw.sweep_cost(trials, resolved, baseline.resolved if baseline is not None else None)
-        tier = sw.sweep_tier(cost, resolved)
-        self.reporter.stage(spec.name, "plan", "finished", f"sweep: {cost.describe()}; tier {tier.name}")
-        if tier.name == "refused":
-            raise PipelineError(f"sweep {spec.name}: {cost.describe()}: {tier.reason}")
-        for trial in trials:  # data once, before trials race for it
-            self._prepare(trial.spec)
-        total_steps = trials[0].resolved.compute.steps
-        pruner = (sw.SuccessiveHalving(mode, config.reduction_factor, min(spec.train.eval_interval, total_steps))
-                  if config.prune else None)
-
-        def run_trial(trial: sw.Trial) -> sw.TrialOutcome:
-            return self._run_trial(trial, metric, pruner, baseline, total_steps)
-
-        with ThreadPoolExecutor(max_workers=config.parallel, thread_name_prefix="trial") as pool:
-            outcomes = list(pool.map(run_trial, trials))
-        winner = sw.select_winner(outcomes, mode)
-        if winner is None:
-            table = sw.render_trials_markdown(outcomes, None, metric, mode, total_steps=total_steps, cost=cost)
-            raise TrainingError(f"sweep of {spec.name}: no trial finished\n{table}")
-        # The winner, on fresh seeds: none of the hypothesis seeds took part in picking it.
-        confirm = sw.winner_experiment(resolved, winner.trial)
-        table = sw.render_trials_markdown(outcomes, winner, metric, mode, total_steps=total_steps,
-                                          selection=sw.selection_seeds(spec), decided=list(confirm.seeds), cost=cost)
-        self.sweep_tables[confirm.spec.name] = table  # the winner's report stage appends it
-        chosen = self.run_one(confirm, role="candidate", baseline=baseline)
-        chosen.extra.update(sweep_markdown=table, sweep_winner=winner.trial.name, sweep_outcomes=outcomes)
-        return chosen
-
-    def _run_trial(self, trial: Any, metric: str, pruner: Any, baseline: ExperimentResult | None,
-                   total_steps: int) -> Any:
-        """One trial as a normal run; a watcher reports its selection metric at each eval to the
-        pruner and cancels the job when the pruner says so (the launcher does not retry a cancel)."""
-        import threading
-
-        from pipelines.sweep import TrialOutcome
-
-        spec = trial.spec
-        prepared = self._prepare_cached(spec)
-        run_dir = new_run_dir(self.repo, spec.name, experiment_key(self.code_for(spec), spec.spec_hash(), prepared.version,
-                                                                   list(trial.resolved.seeds)))
-        first = run_dir / "train" / f"seed-{trial.resolved.seeds[0]}"
-        stop = threading.Event()
-        pruned_at: list[int] = []
-        if pruner is not None:
-            pruner.start(trial.index)
-
-            def watch() -> None:
-                while not stop.wait(0.5):
-                    for row in _metric_rows(first / "metrics.jsonl", metric):
-                        if pruner.report(trial.index, *row):
-                            pruned_at.append(row[0])
-                            atomic_write_json(first / "pruned.json", {"step": row[0], "metric": metric})
-                            self.reporter.stage(spec.name, "train", "pruned", f"at step {row[0]} ({metric} {row[1]:.4g})")
-                            self._cancel_quietly(first)
-                            return
-
-            threading.Thread(target=watch, name=f"prune-{trial.name}", daemon=True).start()
-        try:
-            res = self.run_one(trial.resolved, role="trial", baseline=baseline)
-        except TrainingError as exc:  # a failed or pruned trial is reported, not hidden
-            stop.set()
-            if pruned_at:
-                if pruner is not None:
-                    pruner.finish(trial.index, None, pruned=True)
-                # Steps it really trained: a trainer stopped gracefully (SIGTERM) finishes the
-                # step under way and checkpoints it, e.g. pruned at 4, checkpoint step 5 on Slurm.
-                saved = ckpt.list_checkpoints(first / "checkpoints")
-                steps = max(pruned_at[0], saved[0][0] if saved else 0)
-                return TrialOutcome(trial, "pruned", None, pruned_at=pruned_at[0], steps_done=steps)
-            if pruner is not None:
-                pruner.finish(trial.index, None, pruned=False)
-            return TrialOutcome(trial, "failed", None, str(exc).splitlines()[0][:200])
-        stop.set()
-        values, status, detail, steps = [], "finished", "", total_steps
-        for d in res.seed_dirs:
-            result = read_json(d / "result.json") or {}
-            if result.get("status") != "finished":
-                status, detail = str(result.get("status")), str(result.get("stop_reason") or "")
-            if isinstance(result.get("steps"), int):
-                steps = min(steps, int(result["steps"]))
-            value = (result.get("final_metrics") or {}).get(metric)
-            if value is not None:
-                values.append(float(value))
-        mean = sum(values) / len(values) if values and status == "finished" else None
-        if pruner is not None:
-            pruner.finish(trial.index, mean, pruned=False)
-        return TrialOutcome(trial, status, mean, detail, steps_done=steps)
 
     def run_one(
         self, resolved: ResolvedExperiment, *, role: str, baseline: ExperimentResult | None = None
@@ -323,7 +211,7 @@ class ExperimentFlow:
         rep.stage(name, "validate", "finished", f"spec {spec.spec_hash()}")
 
         rep.stage(name, "prepare", "started")
-        prepared = self._prepare(spec)
+        prepared = self.prepare(spec)
         rep.stage(name, "prepare", "finished", f"data {prepared.version}")
 
         run_id = experiment_key(self.code_for(spec), spec.spec_hash(), prepared.version, seeds)
@@ -355,7 +243,7 @@ class ExperimentFlow:
             outputs={"data_version": prepared.version, "data_dir": str(prepared.path)},
             artifacts=[(prepared.path / "manifest.json", "json")]))
 
-        base_prepared = self._prepare_cached(baseline.spec) if baseline is not None else None
+        base_prepared = self.prepare_quietly(baseline.spec) if baseline is not None else None
         stages.run("check", lambda: self._check(spec, prepared, base_prepared, run_dir / "check"), force=self.options.force)
         # The smoke run guards the change under review; a baseline is not under review.
         if self.options.smoke and role != "baseline":
@@ -397,15 +285,17 @@ class ExperimentFlow:
 
     # ------------------------------------------------------------------ stages
 
-    def _prepare(self, spec: ExperimentSpec):  # -> validation.data.PreparedData
+    def prepare(self, spec: ExperimentSpec):  # -> validation.data.PreparedData
+        """The spec's data, prepared now unless its version exists (progress on the console)."""
+        from pipelines.dataprep.prepare import prepare_data
         from pipelines.resources import ensure_disk_space
-        from validation.data import prepare_data
 
         ensure_disk_space(self.repo / "data", need_gb=1.0, what="data preparation")
         return prepare_data(spec.data, self.repo, progress=True)
 
-    def _prepare_cached(self, spec: ExperimentSpec):
-        from validation.data import prepare_data
+    def prepare_quietly(self, spec: ExperimentSpec):
+        """The spec's data without progress output: for data `prepare` has already made."""
+        from pipelines.dataprep.prepare import prepare_data
 
         return prepare_data(spec.data, self.repo, progress=False)
 
@@ -431,9 +321,9 @@ class ExperimentFlow:
         if result.get("status") == "passed":
             # A sharded layout also runs 2 CPU processes of its kind (FSDP / TP): a tensor-parallel
             # plan that does not fit the model fails here, in the PR check, not after /train.
-            from pipelines.sharded_smoke import run_sharded_smoke
+            from pipelines.layout_probe import run_layout_probe
 
-            sharded = run_sharded_smoke(resolved, prepared, out_dir / "sharded")
+            sharded = run_layout_probe(resolved, prepared, out_dir / "sharded")
             if sharded is not None:
                 result["sharded"] = sharded
                 result["checks"] |= sharded["checks"]
@@ -471,7 +361,11 @@ class ExperimentFlow:
             return existing, True
         seed_dir = run_dir / "train" / f"seed-{seed}"
         seeded = resolved.for_seed(seed)
-        cont = self._continuation(seeded, seed, identity, seed_dir) if role == "candidate" else None
+        cont = continuation.for_seed(
+            seeded, seed, seed_dir, source_dir=self.options.continue_from, runs_root=runs_root(self.repo),
+            code_version=identity.code.tree, data_version=identity.data_version, tracking_uri=self.tracking_uri,
+            warn=lambda line: self.reporter.stage(seeded.spec.name, "train", "warning", line),
+        ) if role == "candidate" else None
         if cont is not None and cont.finished:  # that seed of the old run finished: its result stands
             self.reporter.stage(spec.name, "train", "reused", f"seed {seed}: {cont.source} (another layout)")
             return cont.source, True
@@ -492,14 +386,20 @@ class ExperimentFlow:
         if cont is not None and continuation.seed_run(cont, seed_dir):
             self.reporter.stage(spec.name, "train", "continued", f"seed {seed} from {cont.checkpoint} "
                                 f"({continuation.describe(cont.before)} -> {continuation.describe(cont.after)})")
-        from pipelines.launchers import get_launcher, job_from_spec, run_with_retries
+        from pipelines.launchers import (
+            cancel_quietly,
+            get_launcher,
+            job_from_spec,
+            run_with_retries,
+            running_job,
+        )
 
         job = job_from_spec(
             seeded.spec, spec_path=seed_dir / RESOLVED_FILE, run_dir=seed_dir, data_dir=prepared.path,
             tracking_uri=self.tracking_uri, env={"MLFLOW_TRACKING_URI": self.tracking_uri},
         )
         total = resolved.compute.steps
-        running = self._still_running(seed_dir)
+        running = running_job(seed_dir)
         if self.options.detach:
             if running is None:
                 from pipelines.resources import ensure_disk_space
@@ -509,7 +409,7 @@ class ExperimentFlow:
             self.detached.append((spec.name, seed, seed_dir, running.launcher, running.job_id))
             return seed_dir, False
         done = self.reporter.training(f"{spec.name} seed {seed}", seed_dir, total)
-        stop_live = self._live_comment(spec, seed_dir, total)
+        stop_live = live_progress(self.options.pr, spec.name, seed_dir, total)
         from pipelines.launchers.logtail import story_lines
 
         # P0/P1 alerts and relaunches reach the console as they happen (one line each).
@@ -527,7 +427,7 @@ class ExperimentFlow:
         except BaseException:
             # Interrupted (Ctrl-C, SIGTERM, an error): stop the job gracefully (it checkpoints
             # on SIGTERM) instead of leaving orphaned training processes behind.
-            self._cancel_quietly(seed_dir)
+            cancel_quietly(seed_dir)
             raise
         finally:
             stop_live()
@@ -543,103 +443,6 @@ class ExperimentFlow:
             reason = (result or {}).get("reason") or (result or {}).get("message") or getattr(state, "detail", "")
             raise TrainingError(f"training {spec.name} seed {seed} ended '{status}': {reason} (logs: {seed_dir / 'logs'})")
         return seed_dir, False
-
-    def _continuation(self, seeded: ResolvedExperiment, seed: int, identity: RunIdentity,
-                      seed_dir: Path) -> continuation.Continuation | None:
-        """With --continue-from: the checked plan to continue that run's seed (UsageError, one
-        line, when it cannot be). Without: None, after saying so when a run of the same work
-        has checkpoints under another layout and this one would start at step 0."""
-        went_on = continuation.continued_in(seed_dir)
-        if went_on is not None:  # resuming here too would write a second future into its MLflow run
-            raise UsageError(f"{seed_dir} was continued in {went_on} under another layout; "
-                             f"go on there (--continue-from {went_on} with that layout's file)")
-        source_dir = self.options.continue_from
-        if source_dir is None:
-            if not ckpt.list_checkpoints(seed_dir / "checkpoints"):
-                hint = continuation.other_layout_hint(
-                    runs_root(self.repo), seeded, seed=seed, code_version=identity.code.tree,
-                    data_version=identity.data_version, spec_file=seeded.spec_file, exclude=seed_dir)
-                if hint:
-                    self.reporter.stage(seeded.spec.name, "train", "warning", hint)
-            return None
-        sources = continuation.seed_dirs(source_dir)
-        if seed not in sources:
-            if not sources:
-                raise UsageError(f"--continue-from {source_dir}: no training run there")
-            self.reporter.stage(seeded.spec.name, "train", "warning",
-                                f"seed {seed}: {source_dir} has no run of it; it starts at step 0")
-            return None
-        if (self._still_running(sources[seed])) is not None:
-            raise UsageError(f"cannot continue {sources[seed]}: its job is still running; "
-                             f"stop it first (pipeline cancel {sources[seed]})")
-        return continuation.plan(sources[seed], seeded, code_version=identity.code.tree,
-                                 data_version=identity.data_version, seed=seed, tracking_uri=self.tracking_uri,
-                                 target=seed_dir)
-
-    @staticmethod
-    def _still_running(seed_dir: Path):
-        """The handle of a job launched earlier for `seed_dir` that has not ended, else None."""
-        from pipelines.launchers import get_launcher, handle_for_run
-
-        if not (seed_dir / "launch.json").exists() or (seed_dir / "result.json").exists():
-            return None
-        try:
-            handle = handle_for_run(seed_dir)
-            state = get_launcher(handle.launcher).poll(handle)
-        except PipelineError:
-            return None
-        return None if state.done else handle
-
-    def _live_comment(self, spec: ExperimentSpec, seed_dir: Path, total: int) -> Callable[[], None]:
-        """While training for a PR, update its sticky comment with step, ETA and live loss."""
-        if not (self.options.pr and os.environ.get("GITHUB_TOKEN") and os.environ.get("GITHUB_REPOSITORY")):
-            return lambda: None
-        import threading
-
-        from pipelines.github.client import GitHubConfig, PyGithubHost
-        from pipelines.github.comment import StickyComment
-        from reports.render import render_status
-
-        config = GitHubConfig.from_env(os.environ["GITHUB_REPOSITORY"])
-        comment = StickyComment.for_experiment(PyGithubHost(config), self.options.pr, spec.name,
-                                               author=config.bot_login)
-        stop = threading.Event()
-        interval = float(os.environ.get("PIPELINE_COMMENT_INTERVAL_S", "60"))
-        started = time.time()
-
-        def follow() -> None:
-            while not stop.wait(interval):
-                step, loss = latest_loss(seed_dir / "metrics.jsonl")
-                if step is None:
-                    continue
-                elapsed = time.time() - started
-                eta = elapsed / step * (total - step) if step else None
-                try:
-                    comment.upsert(render_status("training", experiment=spec.name, step=step, total_steps=total,
-                                                 eta_s=eta, loss=loss), {"stage": "training"})
-                except PipelineError:
-                    pass  # progress is best effort; the final report is what must land
-
-        thread = threading.Thread(target=follow, daemon=True)
-        thread.start()
-
-        def finish() -> None:
-            stop.set()
-            thread.join(timeout=5)
-
-        return finish
-
-    @staticmethod
-    def _cancel_quietly(seed_dir: Path) -> None:
-        from pipelines.launchers import get_launcher, handle_for_run
-
-        if not (seed_dir / "launch.json").exists() or (seed_dir / "result.json").exists():
-            return
-        try:
-            handle = handle_for_run(seed_dir)
-            get_launcher(handle.launcher).cancel(handle)
-        except Exception:  # best effort while already failing; the original error is re-raised
-            pass
 
     def _evaluate(self, spec: ExperimentSpec, seed_dirs: list[Path], run_dir: Path) -> StageOutcome:
         metric = spec.hypothesis.metric
@@ -663,19 +466,19 @@ class ExperimentFlow:
         out_dir = candidate.run_dir / "report"
         report = build_report(
             candidate_dirs=candidate.seed_dirs,
-            baseline_dirs=baseline.seed_dirs if baseline else self._champion_records(candidate.spec),
+            baseline_dirs=baseline.seed_dirs if baseline else champion_records(candidate.spec, self.tracking_uri),
             spec=candidate.spec,
             experiment=candidate.spec.name,
             baseline_name=baseline.spec.name if baseline else None,  # champion: its run's experiment
             out_dir=out_dir,
             mlflow_url=os.environ.get("PIPELINE_MLFLOW_PUBLIC_URL"),
-            mlflow_client=self._mlflow_client(),
+            mlflow_client=mlflow_client(self.tracking_uri),
         )
         table = candidate.extra.get("sweep_markdown") or self.sweep_tables.get(candidate.spec.name)
         if table:
             md = out_dir / "report.md"
             atomic_write_text(md, md.read_text(encoding="utf-8").rstrip("\n") + "\n\n" + table)
-        from trainer.tracking import spool_notice
+        from trainer.spool_replay import spool_notice
 
         notice = spool_notice(list(candidate.seed_dirs) + list(baseline.seed_dirs if baseline else []))
         if notice:  # MLflow was down: say so in the comment, with the command that fixes it
@@ -684,9 +487,10 @@ class ExperimentFlow:
             replay = [line for line in notice.splitlines() if line.startswith("pipeline replay-metrics")]
             self.reporter.stage(candidate.spec.name, "report", "warning",
                                 f"MLflow unreachable: metrics spooled; send them with `{replay[0]}`")
-        comment = self._publish(candidate, out_dir)
+        comment = publish_report(candidate.spec.name, out_dir, pr=self.options.pr, sha=self.options.sha)
         verdict = getattr(report, "verdict", None)
-        self._tag_verdict(candidate, getattr(verdict, "outcome", None))
+        tag_verdict(candidate.spec.name, candidate.seed_dirs, getattr(verdict, "outcome", None),
+                    tracking_uri=self.tracking_uri, pr=self.options.pr)
         outputs = {
             "report_dir": str(out_dir),
             "verdict": getattr(verdict, "outcome", None) or getattr(verdict, "label", None) or str(verdict),
@@ -695,109 +499,11 @@ class ExperimentFlow:
         }
         return StageOutcome(outputs=outputs, artifacts=[(out_dir / "report.md", "file"), (out_dir / "result.json", "json")])
 
-    def _mlflow_client(self):
-        """A client for the tracking store, or None when it cannot be reached (the report still
-        gets written; MLflow gets it on the next run)."""
-        from trainer.tracking import reachable_client
-
-        # Bounded (trainer.tracking.MLFLOW_HTTP_POLICY) and remembered: a dead server costs one
-        # short attempt for the whole report stage, not minutes per lookup.
-        return reachable_client(self.tracking_uri)
-
-    def _champion_records(self, spec: ExperimentSpec) -> list:
-        """The promoted model's training run (registry alias `champion`) as the baseline, when
-        the hypothesis names `champion` and the registry has one; [] otherwise (the report then
-        says there is no baseline run)."""
-        if spec.hypothesis.baseline != CHAMPION:
-            return []
-        client = self._mlflow_client()
-        if client is None:
-            return []
-        from reports.records import records_from_mlflow
-
-        name = os.environ.get("PIPELINE_REGISTRY_MODEL", "gitops-train")
-        try:
-            version = client.get_model_version_by_alias(name, CHAMPION)
-            # The version belongs to its attestation run; the metrics live in the training run.
-            run_id = (version.tags or {}).get("pipeline.training_run_id") or version.run_id
-            run = client.get_run(run_id)
-            experiment = client.get_experiment(run.info.experiment_id).name
-            return records_from_mlflow(client, experiment, f"attributes.run_id = '{run_id}'")
-        except Exception:  # no registered model or alias yet: nothing to compare against
-            return []
-
-    def _tag_verdict(self, candidate: ExperimentResult, outcome: str | None) -> None:
-        """Record the verdict on every candidate MLflow run: promotion reads it from there."""
-        client = self._mlflow_client()
-        if client is None or outcome is None:
-            return
-        for d in candidate.seed_dirs:
-            run_id = (read_json(d / "result.json") or {}).get("mlflow_run_id")
-            # Only runs the candidate trained: a run reused from another experiment with the same
-            # identity (its baseline, in an A/A case) must not carry the candidate's verdict.
-            trained_for = (read_json(d / "identity.json") or {}).get("experiment")
-            if run_id and trained_for in (None, candidate.spec.name):
-                try:
-                    client.set_tag(run_id, "pipeline.verdict", str(outcome))
-                    # Provenance for promotion (pipelines/github/promote.py): the PR and the
-                    # train workflow's run, which promotion checks against the GitHub API.
-                    if self.options.pr:
-                        client.set_tag(run_id, "pipeline.pr", str(self.options.pr))
-                    if os.environ.get("GITHUB_ACTIONS") == "true" and os.environ.get("GITHUB_RUN_ID", "").isdigit():
-                        client.set_tag(run_id, "pipeline.github_run_id", os.environ["GITHUB_RUN_ID"])
-                except Exception:  # best effort, see _mlflow_client
-                    pass
-
-    def _publish(self, candidate: ExperimentResult, report_dir: Path) -> Path | None:
-        """Update the sticky comment: on GitHub when a PR and a token are known, else a local file."""
-        from pipelines.github.client import DryRunCodeHost, GitHubConfig, PyGithubHost
-        from pipelines.github.comment import StickyComment
-
-        body = (report_dir / "report.md").read_text(encoding="utf-8")
-        export = os.environ.get("PIPELINE_REPORT_EXPORT")
-        if export:
-            # In the train workflow: a short job after training posts this with a fresh token
-            # (the training job's GITHUB_TOKEN lives at most 24 h; a training may take 72).
-            Path(export).mkdir(parents=True, exist_ok=True)
-            atomic_write_text(Path(export) / "report.md", body)
-            if (report_dir / "result.json").is_file():  # the candidate runs and verdict, for the attest job
-                atomic_write_text(Path(export) / "result.json", (report_dir / "result.json").read_text(encoding="utf-8"))
-            return Path(export) / "report.md"
-        state = {"stage": "report"} | ({"validated_sha": self.options.sha} if self.options.sha else {})
-        if self.options.pr and os.environ.get("GITHUB_TOKEN") and os.environ.get("GITHUB_REPOSITORY"):
-            config = GitHubConfig.from_env(os.environ["GITHUB_REPOSITORY"])
-            StickyComment.for_experiment(PyGithubHost(config), self.options.pr, candidate.spec.name,
-                                         author=config.bot_login).upsert(body, state)
-            return None
-        host = DryRunCodeHost(report_dir / "comments")
-        posted = StickyComment.for_experiment(host, self.options.pr or 0, candidate.spec.name,
-                                              author=host.bot_login).upsert(body, state)
-        path = Path(host.path_of(posted))
-        atomic_write_text(report_dir / "comment.md", path.read_text(encoding="utf-8"))
-        return report_dir / "comment.md"
-
 
 def checkpoint_gb(spec: ExperimentSpec) -> float:
     """Disk a run needs for its checkpoints: (keep_last + best + one being written) x
     (weights + AdamW states, 16 bytes/parameter), plus 0.5 GB of slack for logs and export."""
     return (spec.train.keep_last + 2) * 16 * spec.model.parameter_count() / 1e9 + 0.5
-
-
-def latest_loss(metrics: Path) -> tuple[int | None, float | None]:
-    """The last (step, train/loss) in a metrics.jsonl (a torn last line is ignored)."""
-    step = loss = None
-    try:
-        lines = metrics.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return None, None
-    for line in lines:
-        try:
-            point = json.loads(line)
-        except ValueError:
-            continue
-        if point.get("key") == "train/loss":
-            step, loss = int(point["step"]), float(point["value"])
-    return step, loss
 
 
 @contextlib.contextmanager

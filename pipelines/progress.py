@@ -1,6 +1,6 @@
 """Progress on the terminal: a line per stage event, a bar per training run fed by metrics.jsonl.
 
-Used by `pipeline run | train | demo` (`pipelines.cmd_run`, `pipelines.demo`); its own
+Used by `pipeline run | train | demo` (`pipelines.cmd_run`, `pipelines.cmd_demo`); its own
 module so neither command module imports the other.
 """
 

@@ -199,7 +199,7 @@ def selection(spec: ExperimentSpec) -> tuple[str, str]:
     """(metric, 'min'|'max') used to pick the winner."""
     sweep = spec.sweep
     assert sweep is not None
-    from validation.downstream import better_direction
+    from validation.eval_tasks import better_direction
 
     metric = sweep.metric or spec.hypothesis.metric
     # A selection metric other than the hypothesis's: a task metric's own better direction.

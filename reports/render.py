@@ -274,7 +274,7 @@ def _task_cell(records: Sequence[RunRecord], key: str) -> str:
 
 def task_section(report: Report) -> str | None:
     """Downstream tasks (lm-eval): value ± stderr (n examples) on each side, mean over seeds."""
-    from validation.downstream import TASK_METRIC, better_direction
+    from validation.eval_tasks import TASK_METRIC, better_direction
 
     keys = sorted({k for r in (*report.candidates, *report.baselines) for k in r.final_metrics
                    if (m := TASK_METRIC.match(k)) and m["metric"] != "n" and not m["metric"].endswith("_stderr")})

@@ -95,7 +95,7 @@ def test_only_layout_and_batch_split_may_change_with_the_same_global_batch(tmp_p
 
 
 def _fake_seed_dir(root: Path, resolved: ResolvedExperiment, steps: tuple[int, ...]) -> Path:
-    from trainer import checkpoint as ckpt
+    from trainer.checkpoint import format as ckpt
 
     seed_dir = root / "20260101" / resolved.spec.name / "abc" / "train" / f"seed-{resolved.seeds[0]}"
     seed_dir.mkdir(parents=True)
@@ -136,7 +136,7 @@ def test_a_run_at_step_0_is_told_how_to_continue_the_other_layout(tmp_path: Path
 
 @pytest.mark.unit
 def test_continuing_seeds_the_new_run_with_the_checkpoint_and_the_history(tmp_path: Path) -> None:
-    from trainer import checkpoint as ckpt
+    from trainer.checkpoint import format as ckpt
     from validation.errors import UsageError
 
     repo = scratch_repo(tmp_path / "repo")
@@ -164,7 +164,7 @@ def test_continuing_seeds_the_new_run_with_the_checkpoint_and_the_history(tmp_pa
 
 @pytest.mark.unit
 def test_checkpoint_corrupt_alert_carries_the_step_of_the_checkpoint(tmp_path: Path) -> None:
-    from trainer import checkpoint as ckpt
+    from trainer.checkpoint import format as ckpt
     from trainer.monitor import Alert
 
     for step in (4, 8):
@@ -207,7 +207,7 @@ def test_a_sqlite_store_keeps_its_artifacts_beside_its_database(tmp_path: Path, 
     ./mlruns of whatever directory the run was started from."""
     from mlflow.tracking import MlflowClient
 
-    from trainer.tracking import MlflowSink
+    from trainer.metric_sinks import MlflowSink
 
     db = tmp_path / "store" / "tracking.db"
     db.parent.mkdir()
@@ -228,7 +228,7 @@ def test_a_sqlite_store_keeps_its_artifacts_beside_its_database(tmp_path: Path, 
 
 @pytest.mark.unit
 def test_artifact_location_follows_the_store_kind(tmp_path: Path) -> None:
-    from trainer.tracking import artifact_location
+    from trainer.mlflow_endpoint import artifact_location
 
     assert artifact_location(f"sqlite:///{tmp_path}/a/m.db") == (tmp_path / "a" / "mlruns").as_uri()
     assert artifact_location("http://127.0.0.1:5000") is None  # the server's --default-artifact-root
@@ -237,7 +237,7 @@ def test_artifact_location_follows_the_store_kind(tmp_path: Path) -> None:
 
 @pytest.mark.unit
 def test_layout_words_say_fsdp_only_where_parameters_are_sharded() -> None:
-    from trainer.checkpointing import describe_layout, layout_record, reshard_message
+    from trainer.checkpoint.format import describe_layout, layout_record, reshard_message
 
     tp_only = layout_record(world=2, dp=1, tp=2, shard=1)  # Topology.from_layout: fsdp=True, shard 1
     assert describe_layout(tp_only) == "dp 1 x tp 2"
@@ -286,8 +286,8 @@ def test_a_killed_fsdp_run_continues_on_one_process_then_on_tp_with_one_history(
     uninterrupted 2-rank run after each reshard, bitwise before the first."""
     from mlflow.tracking import MlflowClient
 
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
     from pipelines.orchestrate import ExperimentFlow, Reporter, RunOptions
-    from validation.data import build_demo_corpus
     from validation.errors import TrainingError, UsageError
 
     repo = scratch_repo(tmp_path / "repo")

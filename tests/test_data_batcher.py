@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from infra.data_helpers import build_small_demo, demo_sources, make_spec
 
-from trainer.data import IGNORE_INDEX, MixtureBatcher, eval_batches, packing_efficiency
-from validation.data import PreparedData, prepare_data
+from pipelines.dataprep.prepare import prepare_data
+from trainer.batches import IGNORE_INDEX, MixtureBatcher, eval_batches, packing_efficiency
+from validation.data import PreparedData
 from validation.errors import DataError
 
 WEIGHTS = {"code": 0.5, "docs": 0.3, "reference": 0.2}
@@ -153,7 +154,7 @@ def test_trainer_facing_api_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, trainer.data, validation.data.checks, pipelines.cmd_data; " \
+    code = "import sys, trainer.batches, validation.data.checks, pipelines.cmd_data, pipelines.dataprep.prepare; " \
            "print(sorted(m for m in ('torch', 'transformers', 'great_expectations', 'pandas') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])

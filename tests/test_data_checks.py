@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from infra.data_helpers import build_small_demo, demo_sources, make_spec
 
-from validation.data import prepare_data
+from pipelines.dataprep.prepare import prepare_data
 from validation.data.checks import run_data_checks, source_rows
 from validation.data.profile import js_divergence
 

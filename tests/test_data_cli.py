@@ -33,7 +33,7 @@ def _experiment(repo: Path, name: str, sources: list[dict], baseline: str = "cha
 def test_demo_prepare_twice_then_check(tmp_path: Path) -> None:
     made = pipeline("data", "demo", "--out", str(tmp_path / "data/demo"), "--max-mb", "0.05", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
-    # The three sources, and the demo downstream task's examples (pipelines/demo_task.py).
+    # The three sources, and the demo downstream task's examples (pipelines/dataprep/demo_eval_task.py).
     assert {p.name for p in (tmp_path / "data/demo").iterdir()} == {"code.jsonl", "docs.jsonl", "reference.jsonl",
                                                                   "demo_next_line.jsonl"}
     spec = _experiment(tmp_path, "small-demo", demo_sources())

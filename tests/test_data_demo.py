@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from infra.data_helpers import demo_sources, make_spec
 
-from trainer.data import MixtureBatcher, eval_batches, packing_efficiency
-from validation.data import build_demo_corpus, prepare_data
+from pipelines.dataprep.demo_corpus import build_demo_corpus
+from pipelines.dataprep.prepare import prepare_data
+from trainer.batches import MixtureBatcher, eval_batches, packing_efficiency
 from validation.data.profile import js_divergence
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from infra.data_helpers import prose, write_jsonl
 
-from validation.data.sources import jsonl_boundaries, read_documents, resolve_files
+from pipelines.dataprep.sources import jsonl_boundaries, read_documents, resolve_files
 from validation.errors import DataError
 from validation.spec import DataSource
 

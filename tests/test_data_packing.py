@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from infra.data_helpers import build_small_demo, demo_sources, make_spec
 
-from trainer.data import MixtureBatcher
-from validation.data import prepare_data
+from pipelines.dataprep.prepare import prepare_data
+from trainer.batches import MixtureBatcher
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from infra.data_helpers import build_small_demo, demo_sources, make_spec, prose, write_jsonl
 
-from validation.data import PreparedData, compute_version, prepare_data
-from validation.data.clean import clean_text
-from validation.data.prepare import check_free_space
+from pipelines.dataprep.clean import clean_text
+from pipelines.dataprep.inputs import compute_version
+from pipelines.dataprep.prepare import check_free_space, prepare_data
+from validation.data import PreparedData
 from validation.errors import DataError
 
 

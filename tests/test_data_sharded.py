@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 from infra.data_helpers import build_small_demo, demo_sources, make_spec, prose, write_jsonl
 
-from trainer.data import eval_batches
-from validation.data import PreparedData, prepare_data
+from pipelines.dataprep.prepare import prepare_data
+from trainer.batches import eval_batches
+from validation.data import PreparedData
 from validation.errors import DataError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,7 +137,7 @@ def _prepare_cmd(repo: Path, cache: Path, workers: int) -> list[str]:
         "import sys; sys.path.insert(0, 'tests')\n"
         "from pathlib import Path\n"
         "from infra.data_helpers import demo_sources, make_spec\n"
-        "from validation.data import prepare_data\n"
+        "from pipelines.dataprep.prepare import prepare_data\n"
         f"spec = make_spec(demo_sources(), task_bytes={SMALL_TASKS})\n"
         f"p = prepare_data(spec.data, Path({str(repo)!r}), cache_root=Path({str(cache)!r}), progress=False,"
         f" workers={workers})\n"
@@ -201,7 +202,7 @@ def test_near_duplicates_are_removed_across_shards_when_asked(tmp_path: Path) ->
 
 @pytest.mark.unit
 def test_estimate_counts_the_tasks_the_preparation_runs(demo_repo: Path, one_worker: PreparedData) -> None:
-    from validation.data.prepare import estimate_preparation
+    from pipelines.dataprep.inputs import estimate_preparation
 
     est = estimate_preparation(make_spec(demo_sources(), task_bytes=SMALL_TASKS).data, demo_repo, workers=2)
     # An upper bound from sizes alone: the real cuts move to line starts, so long lines merge ranges.

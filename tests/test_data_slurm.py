@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from infra.data_helpers import build_small_demo, demo_sources, make_spec
 
-from validation.data import prepare_data
-from validation.data.engine import SlurmOptions
+from pipelines.dataprep.executors import SlurmOptions
+from pipelines.dataprep.prepare import prepare_data
 
 pytestmark = pytest.mark.integration
 

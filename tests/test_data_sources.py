@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from infra.data_helpers import write_jsonl
 
-from validation.data.sources import read_documents, resolve_files
+from pipelines.dataprep.sources import read_documents, resolve_files
 from validation.errors import DataError
 from validation.spec import DataSource
 

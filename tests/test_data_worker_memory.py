@@ -28,7 +28,7 @@ def _tokenizer_file(path: Path, text: str) -> Path:
 
 
 def test_a_worker_loads_each_tokenizer_file_once_and_a_new_version_again(tmp_path: Path) -> None:
-    from validation.data.stages import load_tokenizer, release_free_heap
+    from pipelines.dataprep.tasks import load_tokenizer, release_free_heap
 
     path = _tokenizer_file(tmp_path / "tokenizer.json", "def f(x): return x + 1")
     first = load_tokenizer(str(path))

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.demo_task import build_next_line_task
-from validation.data.clean import clean_text, document_hash, is_held_out
-from validation.downstream import read_task_file
+from pipelines.dataprep.clean import clean_text, document_hash, is_held_out
+from pipelines.dataprep.demo_eval_task import build_next_line_task
+from validation.eval_tasks import read_task_file
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.unit
 def test_demo_task_uses_held_out_code_only_and_is_deterministic(tmp_path: Path):
-    from validation.data import build_demo_corpus
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
 
     build_demo_corpus(tmp_path / "demo", {"code": 1_500_000, "docs": 1000, "reference": 1000})
     out1, out2 = tmp_path / "a.jsonl", tmp_path / "b.jsonl"

@@ -1,4 +1,4 @@
-"""Downstream evaluation through the lm-eval `LM` adapter (trainer/downstream.py), offline.
+"""Downstream evaluation through the lm-eval `LM` adapter (trainer/lm_eval_scoring.py), offline.
 
 Both kinds of architecture are scored from an exported directory, as the trainer does on
 rank 0: a plain-PyTorch one (nanogpt) and a transformers one (llama). Local task YAMLs with
@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("lm_eval")
 
 from models import EXPORT_FILE, architectures  # noqa: E402
-from trainer.downstream import evaluate_export, make_lm  # noqa: E402
-from validation.downstream import EvalSpec  # noqa: E402
+from trainer.lm_eval_scoring import evaluate_export, make_lm  # noqa: E402
+from validation.eval_tasks import EvalSpec  # noqa: E402
 
 TASK = """\
 task: {name}

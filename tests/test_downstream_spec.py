@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from validation.downstream import better_direction, read_task_file
 from validation.errors import SpecError
+from validation.eval_tasks import better_direction, read_task_file
 from validation.loader import load_spec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -37,6 +37,7 @@ from pipelines.github.provenance import (
     check_training_run,
     setup,
 )
+from validation.environment import scoped_environ
 
 pytestmark = pytest.mark.integration
 
@@ -107,16 +108,8 @@ class AuthServer:
 @contextlib.contextmanager
 def as_user(user: tuple[str, str]) -> Iterator[None]:
     """MLflow's client reads the credential from the environment at each request."""
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
-    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = user
-    try:
+    with scoped_environ(MLFLOW_TRACKING_USERNAME=user[0], MLFLOW_TRACKING_PASSWORD=user[1]):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,9 @@ pytestmark = pytest.mark.gpu
 
 
 def test_trainer_bf16_on_cuda(tmp_path: Path) -> None:
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
+    from pipelines.dataprep.prepare import prepare_data
     from trainer.loop import Trainer
-    from validation.data import build_demo_corpus, prepare_data
     from validation.spec import ExperimentSpec
 
     build_demo_corpus(tmp_path / "data" / "demo", max_bytes=300_000)

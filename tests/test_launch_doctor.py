@@ -18,7 +18,7 @@ from pipelines.doctor import (
     run_doctor,
 )
 from pipelines.launchers.local import LocalLauncher
-from validation.environment import env_fingerprint, fingerprint_diff, package_version
+from validation.environment import env_fingerprint, fingerprint_diff, package_version, scoped_environ
 from validation.spec import ExperimentSpec
 
 
@@ -115,3 +115,20 @@ def test_fingerprint_has_the_comparable_fields_and_diff_names_them():
     assert fp["torch"] == package_version("torch")
     other = dict(fp, torch="0.0.1", hostname="elsewhere")
     assert fingerprint_diff(fp, other) == [f"torch: {fp['torch']} vs 0.0.1"]
+
+
+@pytest.mark.unit
+def test_scoped_environ_sets_removes_and_restores_exactly(monkeypatch: pytest.MonkeyPatch):
+    import os
+
+    monkeypatch.setenv("SCOPED_A", "before")
+    monkeypatch.delenv("SCOPED_B", raising=False)
+    monkeypatch.setenv("SCOPED_C", "kept")
+    with pytest.raises(RuntimeError), scoped_environ(SCOPED_A="inside", SCOPED_B="new", SCOPED_C=None):
+        assert (os.environ["SCOPED_A"], os.environ["SCOPED_B"]) == ("inside", "new")
+        assert "SCOPED_C" not in os.environ
+        os.environ["SCOPED_A"] = "changed by the block"
+        raise RuntimeError("the environment is restored on the way out of an error too")
+    assert os.environ["SCOPED_A"] == "before"
+    assert "SCOPED_B" not in os.environ
+    assert os.environ["SCOPED_C"] == "kept"

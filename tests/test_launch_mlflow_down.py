@@ -2,7 +2,7 @@
 
 Before: three lookups with MLflow's default HTTP retries in the report stage (742 s measured),
 no word about the spooled metrics, and a verdict of "no finished baseline run". Now: every call
-is bounded in one place (`trainer.tracking.MLFLOW_HTTP_POLICY`), the flow ends within a minute of
+is bounded in one place (`trainer.mlflow_endpoint.MLFLOW_HTTP_POLICY`), the flow ends within a minute of
 training's end, the comment carries the exact `pipeline replay-metrics` command, the verdict
 comes from the local records, and the replay sends each point once.
 """
@@ -78,7 +78,7 @@ def _dead_port() -> int:
 
 
 def test_mlflow_down_for_a_whole_run_is_bounded_spooled_and_replayed_once(tmp_path, monkeypatch, mlflow_server):
-    from validation.data import build_demo_corpus
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
 
     repo = tmp_path / "repo"
     (repo / "experiments").mkdir(parents=True)
@@ -112,7 +112,7 @@ def test_mlflow_down_for_a_whole_run_is_bounded_spooled_and_replayed_once(tmp_pa
     # The server is back (another URI here): replay sends every point of metrics.jsonl once...
     from mlflow.tracking import MlflowClient
 
-    from trainer.tracking import replay_spool
+    from trainer.spool_replay import replay_spool
 
     client = MlflowClient(mlflow_server.uri)
     for d in seed_dirs:

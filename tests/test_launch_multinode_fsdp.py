@@ -40,7 +40,7 @@ FSDP = {"dp": 2, "fsdp": True}
 
 def fsdp_job(tmp: Path, *, nodes: int, procs: int, launcher: str, rendezvous: str | None = None) -> LaunchJob:
     """A 2-rank FSDP job of the real trainer on really prepared (tiny) data."""
-    from validation.data import prepare_data
+    from pipelines.dataprep.prepare import prepare_data
 
     data_root = tmp / "data"
     data_root.mkdir(parents=True, exist_ok=True)

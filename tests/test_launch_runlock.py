@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.metric_sinks import JsonlMetrics
 from trainer.runlock import RunDirBusy, acquire_rank_lock, live_ranks
-from trainer.tracking import JsonlMetrics
 
 pytestmark = pytest.mark.integration
 

@@ -112,10 +112,10 @@ def test_exported_model_has_the_trained_weights(killed_and_resumed: dict[str, An
         logits = exported(input_ids=ids, position_ids=torch.arange(24).unsqueeze(0), use_cache=False).logits
     assert torch.isfinite(logits).all() and logits.shape == (1, 24, 384)
     # The same weights as the final checkpoint's shards (a full, independent read of them).
-    from trainer import dcp
+    from trainer.checkpoint.sharded import export_safetensors
 
     full = ref / "full.safetensors"
-    dcp.export_safetensors(ref / "checkpoints" / f"step_{STEPS:06d}", full)
+    export_safetensors(ref / "checkpoints" / f"step_{STEPS:06d}", full)
     from safetensors.torch import load_file
 
     saved = load_file(str(full))

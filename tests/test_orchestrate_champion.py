@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.orchestrate import ExperimentFlow, RunOptions
+from pipelines.mlflow_verdict import champion_records
 from validation.spec import ExperimentSpec
 
 pytestmark = pytest.mark.integration
@@ -29,8 +29,7 @@ def test_champion_run_becomes_the_baseline(tmp_path: Path, monkeypatch: pytest.M
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("PIPELINE_REGISTRY_MODEL", "lab-model")
     client = MlflowClient(tracking_uri=uri)
-    flow = ExperimentFlow(tmp_path, RunOptions(tracking_uri=uri))
-    assert flow._champion_records(_spec("champion")) == []  # no registered model yet
+    assert champion_records(_spec("champion"), uri) == []  # no registered model yet
 
     exp = client.create_experiment("old-winner")
     run = client.create_run(exp, tags={"pipeline.seed": "1234", "pipeline.experiment": "old-winner"})
@@ -40,7 +39,7 @@ def test_champion_run_becomes_the_baseline(tmp_path: Path, monkeypatch: pytest.M
     version = client.create_model_version("lab-model", source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
     client.set_registered_model_alias("lab-model", "champion", version.version)
 
-    (record,) = flow._champion_records(_spec("champion"))
+    (record,) = champion_records(_spec("champion"), uri)
     assert record.run_id == run.info.run_id and record.seed == 1234
     assert record.final_metrics["eval/loss"] == 5.0
-    assert flow._champion_records(_spec("some-base")) == []  # only for `champion`
+    assert champion_records(_spec("some-base"), uri) == []  # only for `champion`

@@ -64,7 +64,7 @@ class Recorder(Reporter):
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from validation.data import build_demo_corpus
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
 
     root = tmp_path_factory.mktemp("repo")
     (root / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
@@ -182,7 +182,7 @@ def test_two_experiments_at_once_share_one_baseline_training(tmp_path: Path) -> 
     import subprocess
     import sys
 
-    from validation.data import build_demo_corpus
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
 
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
     (tmp_path / "experiments").mkdir()

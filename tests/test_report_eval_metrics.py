@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
 
 import pytest
 
 from tests.test_trainer_golden import REPO, _write_corpus, tiny_spec
+from validation.environment import scoped_environ
 
 pytestmark = pytest.mark.integration
 
@@ -23,17 +23,15 @@ pytestmark = pytest.mark.integration
 def setup(tmp_path_factory):
     import torch
 
+    from pipelines.dataprep.prepare import prepare_data
     from trainer.model import build_model
-    from validation.data import prepare_data
     from validation.spec import DataSpec, ExperimentSpec
 
     tmp = tmp_path_factory.mktemp("evalfixed")
     corpus = _write_corpus(tmp / "corpus")
     raw = tiny_spec(corpus)
     raw["train"]["eval_batches"] = 2
-    old = os.environ.get("PIPELINE_DATA_ROOTS")
-    os.environ["PIPELINE_DATA_ROOTS"] = str(tmp / "corpus")
-    try:
+    with scoped_environ(PIPELINE_DATA_ROOTS=str(tmp / "corpus")):
         def spec_with(micro: int, prose_weight: float = 0.6) -> ExperimentSpec:
             data = copy.deepcopy(raw)
             data["train"]["micro_batch_size"] = micro
@@ -42,11 +40,6 @@ def setup(tmp_path_factory):
 
         prepared = prepare_data(DataSpec.model_validate(raw["data"]), REPO, tmp / "cache", progress=False)
         reweighted = prepare_data(spec_with(4, 0.2).data, REPO, tmp / "cache", progress=False)
-    finally:
-        if old is None:
-            os.environ.pop("PIPELINE_DATA_ROOTS", None)
-        else:
-            os.environ["PIPELINE_DATA_ROOTS"] = old
     assert reweighted.version == prepared.version  # weights do not change the prepared data
     torch.manual_seed(0)
     model = build_model(spec_with(4).model).eval()
@@ -87,7 +80,7 @@ def test_mixture_weights_do_not_change_the_aggregate_metric(setup):
 def test_bits_per_byte_count_exactly_the_scored_tokens(setup):
     import numpy as np
 
-    from trainer.data import eval_batches
+    from trainer.batches import eval_batches
     from trainer.evaluation import EVAL_ROWS_PER_BATCH, token_byte_lengths
 
     spec_with, prepared, model = setup

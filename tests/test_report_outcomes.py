@@ -138,9 +138,9 @@ def test_alpha_above_the_limit_is_shown_with_its_override_and_the_table_level_ma
 
 @pytest.mark.e2e
 def test_an_identical_candidate_is_not_trained_judged_tagged_or_charged(tmp_path, monkeypatch):
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
     from pipelines.orchestrate import ExperimentFlow, RunOptions
     from tests.test_orchestrate_e2e import BASE
-    from validation.data import build_demo_corpus
 
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
     (tmp_path / "experiments").mkdir()
@@ -239,11 +239,9 @@ def test_a_run_the_trainer_did_not_mark_is_still_seen_diverging_from_its_loss_cu
 @pytest.mark.integration
 def test_the_verdict_tag_goes_only_on_runs_the_candidate_trained(tmp_path):
     """A candidate that reuses another experiment's run (same identity) must not tag it."""
-    from types import SimpleNamespace
-
     from mlflow.tracking import MlflowClient
 
-    from pipelines.orchestrate import ExperimentFlow, RunOptions
+    from pipelines.mlflow_verdict import tag_verdict
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
@@ -255,10 +253,7 @@ def test_the_verdict_tag_goes_only_on_runs_the_candidate_trained(tmp_path):
         result = json.loads((d / "result.json").read_text())
         (d / "result.json").write_text(json.dumps({**result, "mlflow_run_id": run.info.run_id}))
         seed_dirs.append(d)
-    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
-    flow = ExperimentFlow(tmp_path, RunOptions(tracking_uri=uri))
-    candidate = SimpleNamespace(seed_dirs=seed_dirs, spec=SimpleNamespace(name="higher-lr"))
-    flow._tag_verdict(candidate, "supported")
+    tag_verdict("higher-lr", seed_dirs, "supported", tracking_uri=uri, pr=None)
     tags = {d.parent.parent.name: client.get_run(json.loads((d / "result.json").read_text())["mlflow_run_id"]).data.tags
             for d in seed_dirs}
     assert tags["higher-lr"].get("pipeline.verdict") == "supported"
@@ -271,9 +266,9 @@ def test_lr_times_333_through_the_flow_is_refuted_as_diverged_with_the_alert_on_
     stops the run as diverged, orchestration carries on, and the verdict says so."""
     import time
 
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
     from pipelines.orchestrate import ExperimentFlow, RunOptions
     from tests.test_orchestrate_e2e import BASE, CANDIDATE
-    from trainer.data import build_demo_corpus
 
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
     (tmp_path / "experiments").mkdir()

@@ -15,16 +15,10 @@ import pytest
 from pydantic import ValidationError
 
 from validation.errors import SpecError
-from validation.loader import (
-    MAX_FILE_BYTES,
-    check_spec,
-    deep_merge,
-    dotted,
-    find_repo_root,
-    load_located,
-    load_spec,
-    parse_dotted,
-)
+from validation.extends import deep_merge
+from validation.loader import check_spec, load_located, load_spec
+from validation.paths import find_repo_root
+from validation.yaml_source import MAX_FILE_BYTES, dotted, parse_dotted
 
 REPO = Path(__file__).resolve().parents[1]
 HYPOTHESIS = """\
@@ -337,11 +331,11 @@ def test_locate_falls_back_to_the_nearest_set_ancestor(repo: Path):
 @pytest.mark.unit
 def test_issues_do_not_depend_on_libyaml(monkeypatch: pytest.MonkeyPatch):
     """The C parser is only a speed-up: the pure-Python parser reports the very same issues."""
-    import validation.loader as loader
+    import validation.yaml_source as yaml_source
 
     monkeypatch.chdir(REPO)
     files = sorted((REPO / "tests" / "bad_specs").glob("*.yaml"))
     files = [f for f in files if f.name != "cases.yaml"] + sorted((REPO / "experiments").glob("*.yaml"))
     with_c = [check_spec(f)[1] for f in files]
-    monkeypatch.setattr(loader, "_FastLocatingLoader", None)
+    monkeypatch.setattr(yaml_source, "_FastLocatingLoader", None)
     assert [check_spec(f)[1] for f in files] == with_c

@@ -24,7 +24,7 @@ from infra.sweep_flow import Timed, run_flow, slurm_job, sweep_repo
 from pipelines.launchers import LaunchJob
 from pipelines.launchers.slurm import render_sbatch
 from pipelines.sweep import SELECTION_SEED_OFFSET
-from trainer import checkpoint as ckpt
+from trainer.checkpoint import format as ckpt
 
 SWEEP = """\
 name: tiny-slurm-sweep

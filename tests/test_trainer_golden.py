@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from validation.environment import scoped_environ
+
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "losses_tiny.json"
 UPDATE_ENV = "PIPELINE_UPDATE_GOLDEN"
@@ -103,21 +105,14 @@ def _machine() -> dict[str, str]:
 
 
 def run_tiny(tmp: Path) -> dict[int, float]:
+    from pipelines.dataprep.prepare import prepare_data
     from trainer.entry import main
-    from validation.data import prepare_data
     from validation.spec import DataSpec
 
     corpus = _write_corpus(tmp / "corpus")
     spec = tiny_spec(corpus)
-    old = os.environ.get("PIPELINE_DATA_ROOTS")
-    os.environ["PIPELINE_DATA_ROOTS"] = str(tmp / "corpus")
-    try:
+    with scoped_environ(PIPELINE_DATA_ROOTS=str(tmp / "corpus")):
         prepared = prepare_data(DataSpec.model_validate(spec["data"]), REPO, tmp / "cache", progress=False)
-    finally:
-        if old is None:
-            os.environ.pop("PIPELINE_DATA_ROOTS", None)
-        else:
-            os.environ["PIPELINE_DATA_ROOTS"] = old
     run_dir = tmp / "run"
     run_dir.mkdir()
     (run_dir / "spec.resolved.json").write_text(json.dumps(spec))

@@ -256,7 +256,7 @@ def test_fsdp2_bf16_computes_in_bf16_and_keeps_fp32_weights(
         tmp_path: Path, data_dir: Path, fsdp: dict[str, Any]) -> None:  # noqa: F811
     """precision bf16 under FSDP: MixedPrecisionPolicy(param bf16, reduce fp32); the sharded
     master weights (what checkpoints and the export hold) stay fp32."""
-    from trainer.dcp import model_tensors
+    from trainer.checkpoint.sharded import model_tensors
 
     code, run_dir = run_trainer(tmp_path, data_dir, "bf16", ranks=2, parallel=FSDP, model=MODEL,
                                 **(COMMON | {"max_steps": 6, "precision": "bf16"}))
@@ -322,7 +322,7 @@ def test_async_sharded_checkpoints_validate_and_do_not_change_training(
         tmp_path: Path, data_dir: Path, fsdp: dict[str, Any]) -> None:  # noqa: F811
     """`async_checkpoint` under FSDP: shards staged to CPU, written by a background thread over
     its own process group, validated and published at the next save; the stall is recorded."""
-    from trainer.checkpoint import list_checkpoints, verify_checkpoint
+    from trainer.checkpoint.format import list_checkpoints, verify_checkpoint
 
     code, run_dir = run_trainer(tmp_path, data_dir, "async", ranks=2, parallel=FSDP, model=MODEL,
                                 **(COMMON | {"async_checkpoint": True}))

@@ -11,7 +11,6 @@ not re-record the steps it repeats), never from log text.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -20,11 +19,12 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from validation.environment import scoped_environ
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 12
@@ -40,10 +40,9 @@ def _free_port() -> int:
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small prepared demo corpus (three sources, BPE vocab 384), built once for the module."""
     root = tmp_path_factory.mktemp("trainer-data")
-    old = os.environ.get("PIPELINE_DATA_ROOTS")
-    os.environ["PIPELINE_DATA_ROOTS"] = str(root)
-    try:
-        from validation.data import build_demo_corpus, prepare_data
+    with scoped_environ(PIPELINE_DATA_ROOTS=str(root)):
+        from pipelines.dataprep.demo_corpus import build_demo_corpus
+        from pipelines.dataprep.prepare import prepare_data
         from validation.spec import DataSpec
 
         build_demo_corpus(root / "demo", 150_000)
@@ -51,11 +50,6 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         data = data.model_copy(update={"sources": [
             s.model_copy(update={"path": str(root / "demo" / f"{s.name}.jsonl")}) for s in data.sources]})
         prepared = prepare_data(data, REPO, root / "cache", progress=False)
-    finally:
-        if old is None:
-            os.environ.pop("PIPELINE_DATA_ROOTS", None)
-        else:
-            os.environ["PIPELINE_DATA_ROOTS"] = old
     return prepared.path
 
 
@@ -122,20 +116,6 @@ def run_trainer(tmp: Path, data_dir: Path, name: str, *, ranks: int = 1, uri: st
     return proc.returncode, run_dir
 
 
-@contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def train_here(tmp: Path, data_dir: Path, name: str, *, uri: str = "none", env: dict[str, str] | None = None,
                run_dir: Path | None = None, alerts: dict[str, Any] | None = None, model: dict[str, Any] | None = None,
                **train: Any) -> tuple[int, Path]:
@@ -145,7 +125,7 @@ def train_here(tmp: Path, data_dir: Path, name: str, *, uri: str = "none", env: 
 
     run_dir = run_dir or tmp / name
     spec_path = _write_spec(run_dir, 1, alerts, train, model)
-    with _environ(env or {}):
+    with scoped_environ(**(env or {})):
         code = main(["--spec", str(spec_path), "--run-dir", str(run_dir), "--data-dir", str(data_dir),
                      "--tracking-uri", uri])
     return code, run_dir
@@ -193,7 +173,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, mlflow_s
 def test_run_writes_contract_files_and_logs_each_point_once(reference: dict[str, Any], mlflow_server: Any) -> None:
     from mlflow.tracking import MlflowClient
 
-    from trainer.checkpoint import list_checkpoints, verify_checkpoint
+    from trainer.checkpoint.format import list_checkpoints, verify_checkpoint
 
     run_dir = reference["run_dir"]
     result = json.loads((run_dir / "result.json").read_text())
@@ -276,7 +256,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143_then_resumes(
         tmp_path: Path, data_dir: Path, reference: dict[str, Any]) -> None:
     code, run_dir = train_here(tmp_path, data_dir, "term", env={"TRAINER_FAULT_SIGTERM_AT_STEP": "5"})
     assert code == 143
-    from trainer.checkpoint import list_checkpoints, verify_checkpoint
+    from trainer.checkpoint.format import list_checkpoints, verify_checkpoint
 
     newest_step, newest = list_checkpoints(run_dir / "checkpoints")[0]
     assert newest_step == 6 and verify_checkpoint(newest) is None  # saved at the end of the step that saw the signal
@@ -297,7 +277,7 @@ def test_mlflow_down_for_the_whole_run_then_spool_replayed_once(
     spooled = (run_dir / "mlflow_spool.jsonl").read_text().splitlines()
     assert len([r for r in spooled if '"t": "m"' in r]) == len(metrics_jsonl(run_dir))
 
-    from trainer.tracking import replay_spool
+    from trainer.spool_replay import replay_spool
 
     for _ in range(2):  # replaying twice must not duplicate anything
         replay_spool(run_dir, mlflow_server.uri)
@@ -387,7 +367,7 @@ def test_mlflow_server_down_then_back_mid_run_records_every_point_once(tmp_path:
     replay that repeats already-acknowledged points records nothing twice."""
     from infra.mlflow_server import MlflowServer
 
-    from trainer.tracking import SPOOL, MlflowSink
+    from trainer.metric_sinks import SPOOL, MlflowSink
 
     port = _free_port()
     run_dir = tmp_path / "run"

@@ -41,7 +41,7 @@ def test_pipeline_smoke_passes_and_writes_its_result(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from pipelines.cli import app
-    from validation.data import build_demo_corpus
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
 
     (tmp_path / "experiments").mkdir()
     spec_file = tmp_path / "experiments" / "smoke-check.yaml"

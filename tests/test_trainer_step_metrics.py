@@ -114,8 +114,8 @@ def _run_tiny(tmp: Any, log_interval: int) -> tuple[dict[int, float], dict[int, 
 
     import test_trainer_golden as golden
 
+    from pipelines.dataprep.prepare import prepare_data
     from trainer.entry import main
-    from validation.data import prepare_data
     from validation.spec import DataSpec
 
     corpus = golden._write_corpus(tmp / "corpus")

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from trainer import checkpoint as ckpt
+from trainer.checkpoint import format as ckpt
+from trainer.metric_sinks import JsonlMetrics, filter_new_points, read_jsonl_tolerant
 from trainer.model import bits_per_byte, flops_per_token
 from trainer.monitor import AnomalyDetector, track_best
 from trainer.optim import lr_factor
-from trainer.tracking import JsonlMetrics, filter_new_points, read_jsonl_tolerant
 from validation.spec import AlertsSpec, model_spec
 
 
@@ -237,23 +238,64 @@ def test_disk_full_during_checkpoint_keeps_previous_state_and_reports(tmp_path: 
 
     import torch
 
+    from trainer.checkpoint.unsharded import Snapshot, save_snapshot
+    from trainer.checkpoint.writer import CheckpointWriter
+
     events: list[tuple[str, str, str]] = []
-    saver = ckpt.Checkpointer(tmp_path, keep_last=2, async_save=False, validator=lambda d, s: None,
-                              on_event=lambda *e: events.append(e))
+    writer = CheckpointWriter(tmp_path, keep_last=2, async_save=False, on_event=lambda *e: events.append(e))
 
-    def snapshot(step: int, numel: int) -> ckpt.Snapshot:
-        return ckpt.Snapshot(step, {"w": torch.zeros(numel)}, {"state": {}}, {"scheduler": {}}, {"step": step})
+    def save(step: int, numel: int) -> None:
+        snap = Snapshot(step, {"w": torch.zeros(numel)}, {"state": {}}, {"scheduler": {}}, {"step": step})
+        save_snapshot(writer, snap, validator=lambda d, s: None)
 
-    saver.save(snapshot(1, 16))
+    save(1, 16)
     old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
     old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, old_limit[1]))
     try:
-        saver.save(snapshot(2, 1_000_000))  # 4 MB of weights
+        save(2, 1_000_000)  # 4 MB of weights
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
         signal.signal(signal.SIGXFSZ, old_handler)
-    assert [o.ok for o in saver.outcomes] == [True, False]
+    assert [o.ok for o in writer.outcomes] == [True, False]
     assert events and events[0][1] == "checkpoint_failed" and "File too large" in events[0][2]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001"]
     assert ckpt.find_resume_checkpoint(tmp_path) == tmp_path / "step_000001"
+
+
+@pytest.mark.unit
+def test_the_writer_runs_saves_in_its_thread_publishes_and_rejects(tmp_path: Path) -> None:
+    """Both layouts' one writer: a job runs in the `checkpoint-writer` thread; publish writes the
+    manifest and renames into place (replacing an older save of the same step); reject removes it."""
+    import threading
+    import time
+
+    from trainer.checkpoint.writer import CheckpointWriter
+
+    events: list[tuple[str, ...]] = []
+    writer = CheckpointWriter(tmp_path, keep_last=2, async_save=True, on_event=lambda *e: events.append(e))
+    threads: set[str] = set()
+
+    def job(step: int, body: bytes, valid: bool = True) -> Callable[[], None]:
+        def run() -> None:
+            threads.add(threading.current_thread().name)
+            started = time.perf_counter()
+            tmp = ckpt.tmp_dir_for(tmp_path, step)
+            tmp.mkdir()
+            (tmp / ckpt.MODEL).write_bytes(body)
+            ckpt.write_train_state(tmp, {"step": step})
+            if valid:
+                writer.publish(step, tmp, started)
+            else:
+                writer.reject(step, tmp, "forward pass differs", started)
+        return run
+
+    for step, body, valid in ((10, b"old", True), (10, b"new", True), (20, b"w", True), (30, b"x", False)):
+        writer.submit(job(step, body, valid))
+    writer.wait()
+    assert threads == {"checkpoint-writer"}
+    assert [(o.step, o.ok) for o in writer.outcomes] == [(10, True), (10, True), (20, True), (30, False)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000010", "step_000020"]
+    assert (tmp_path / "step_000010" / ckpt.MODEL).read_bytes() == b"new"
+    assert all(ckpt.verify_checkpoint(p) is None for _, p in ckpt.valid_checkpoints(tmp_path))
+    assert [e[:2] for e in events] == [("P1", "checkpoint_invalid")] and "step 30" in events[0][2]

@@ -57,10 +57,10 @@ def _mb(n: float) -> str:
 
 def disk_full_error(run_dir: Path, what: str, exc: BaseException | str, path: Path | None = None) -> DiskSpaceError:
     """The one-line error for a full disk while writing `what` under `run_dir`."""
-    from trainer import checkpoint as ckpt
+    from trainer.checkpoint.format import valid_checkpoints
 
     target = Path(getattr(exc, "filename", None) or path or run_dir)
-    valid = ckpt.valid_checkpoints(Path(run_dir) / "checkpoints")
+    valid = valid_checkpoints(Path(run_dir) / "checkpoints")
     # What the failed write needed: about one more checkpoint (or the model inside one, for an export).
     need = dir_bytes(valid[0][1]) if valid else 0
     if valid and what == "export":

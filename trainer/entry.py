@@ -103,7 +103,7 @@ def _main(args: argparse.Namespace, state: dict[str, object]) -> int:
         print(f"error: cannot read spec {args.spec}: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     spec = resolved.spec
-    from trainer.tracking import default_tracking_uri
+    from trainer.mlflow_endpoint import default_tracking_uri
 
     uri = args.tracking_uri or default_tracking_uri(REPO_ROOT)
     try:
@@ -116,8 +116,8 @@ def _main(args: argparse.Namespace, state: dict[str, object]) -> int:
 
         overfit = False
         if args.smoke:
-            from trainer.data import PreparedData
             from trainer.smoke import resolve_smoke
+            from validation.data.prepared import PreparedData
 
             resolved = resolve_smoke(resolved, PreparedData.open(args.data_dir, verify=False).vocab_size)
             spec = resolved.spec

@@ -53,7 +53,7 @@ def token_byte_lengths(tokenizer: Any) -> np.ndarray:
 if TYPE_CHECKING:
     import torch
 
-    from trainer.data import PreparedData
+    from validation.data.prepared import PreparedData
     from validation.spec import ExperimentSpec
 
 
@@ -76,7 +76,7 @@ class Evaluator:
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
         import torch
 
-        from trainer.data import eval_batches
+        from trainer.batches import eval_batches
 
         spec, world = self.spec, self.comm.world
         if self.token_bytes is None:

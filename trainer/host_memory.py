@@ -20,7 +20,6 @@ is what it holds anyway.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 
@@ -44,7 +43,7 @@ def keep_freed_memory_in_heap() -> bool:
     if any(name in os.environ.get("LD_PRELOAD", "") for name in ("jemalloc", "tcmalloc", "mimalloc")):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the process's own symbols hold libc's (find_library runs ldconfig)
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # not glibc (musl, macOS): leave the allocator alone
         return False

@@ -6,8 +6,8 @@ so resuming is "load the checkpoint, continue at its step": no dataloader state 
 The pieces live beside this file, each behind one seam:
   trainer/step.py           one optimizer step (forward/backward/clip/AdamW, OOM detection)
   trainer/collectives.py    barrier / all_reduce / broadcast / gather (no-ops on one process)
-  trainer/checkpointing.py  checkpoint glue: probe, validate, save, load, resume, rollback
-  trainer/checkpoint.py     the on-disk checkpoint format (atomic directory + MANIFEST.json)
+  trainer/checkpoint/       checkpoints: one manager, the unsharded and sharded layouts, one writer,
+                            the on-disk format (docs/checkpoints.md)
   trainer/evaluation.py     held-out evaluation and early stopping
   trainer/record.py         the run record: environment fingerprint, tags, params, result.json
   trainer/faults.py         fault injection for tests (a null object in real runs)
@@ -29,13 +29,15 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from models import EXPORT_FILE
-from trainer import checkpoint as ckpt
 from trainer import record
-from trainer.checkpointing import CheckpointGlue, ShardedCheckpointGlue, describe_layout, layout_record
+from trainer.checkpoint.format import checkpoint_name, describe_layout, layout_record, list_checkpoints
+from trainer.checkpoint.manager import CheckpointManager
+from trainer.checkpoint.writer import CheckpointWriter
 from trainer.collectives import Collectives
 from trainer.evaluation import Evaluator, update_best
 from trainer.faults import FaultPlan
 from trainer.host_memory import keep_freed_memory_in_heap
+from trainer.metric_sinks import FanoutSink, JsonlMetrics, MetricSink, MlflowSink, NullSink
 from trainer.model import parameter_count
 from trainer.monitor import (
     DIVERGED_KINDS,
@@ -50,15 +52,16 @@ from trainer.parallel import Topology, assert_sharded, build_model, make_acceler
 from trainer.state import StepResult, TrainState
 from trainer.step import StepRunner, to_device
 from trainer.step_metrics import DeviceScalars
-from trainer.tracking import FanoutSink, JsonlMetrics, MetricSink, MlflowSink, NullSink
 from validation.errors import TrainingError
+from validation.files import atomic_write_json
 from validation.flops import DevicePeak, device_peak, flops_per_token
 from validation.spec import ExperimentSpec
 
 if TYPE_CHECKING:
     import torch
 
-    from trainer.data import MixtureBatcher, PreparedData
+    from trainer.batches import MixtureBatcher
+    from validation.data.prepared import PreparedData
 
 __all__ = ["EXIT_FAILED", "EXIT_PREEMPTED", "StepResult", "TrainState", "Trainer", "setup_logging"]
 
@@ -127,7 +130,7 @@ class Trainer:
         from accelerate import PartialState
         from accelerate.utils import parse_flag_from_env
 
-        from trainer.data import PreparedData
+        from validation.data.prepared import PreparedData
 
         self.t_start = time.time()
         self.spec = spec
@@ -220,10 +223,10 @@ class Trainer:
         self.ckpt_failures = CheckpointFailures(self.run_dir, self._on_event)  # disk full / repeated: stop
         self.detector = AnomalyDetector(spec.alerts, vocab_size=spec.model.vocab_size)
         self.ckpt_root = self.run_dir / "checkpoints"
-        glue = ShardedCheckpointGlue if topo.sharded else CheckpointGlue
         self.layout = layout_record(self.world, self.dp, topo.tp, topo.shard, topo.replicate)
-        self.ckpt = glue(spec, self.ckpt_root, acc, self.raw_model, self.optimizer, self.scheduler,
-                         self.comm, self.rank, self._on_event, dp=self.dp, layout=self.layout)
+        self.ckpt = CheckpointManager(spec, self.ckpt_root, acc, self.raw_model, self.optimizer, self.scheduler,
+                                      self.comm, self.rank, self._on_event, sharded=topo.sharded, dp=self.dp,
+                                      layout=self.layout)
         self.step_fn = StepRunner(acc, self.model, self.optimizer, self.scheduler, self.comm, self.faults,
                                   tr.grad_clip, dp=self.dp)
         # On a GPU every host read of a device value waits for the device: loss and grad norm stay
@@ -244,7 +247,7 @@ class Trainer:
     # ------------------------------------------------------------------ small helpers
 
     @property
-    def checkpointer(self) -> ckpt.Checkpointer:
+    def checkpointer(self) -> CheckpointWriter:
         """The on-disk writer (its `outcomes` say which saves validated)."""
         return self.ckpt.writer
 
@@ -264,7 +267,7 @@ class Trainer:
         torch.manual_seed(seed)
 
     def _make_batcher(self) -> MixtureBatcher:
-        from trainer.data import MixtureBatcher
+        from trainer.batches import MixtureBatcher
 
         return MixtureBatcher(
             self.prepared, self.spec.data.weights(), self.seq_len, self.state.micro_batch_size,
@@ -308,10 +311,10 @@ class Trainer:
             log.info("resumed from %s at step %d", found, self.state.step)
             if self.ckpt.resharded:  # continued under another layout: one event in the run's history
                 self._on_event("P2", "resharded", self.ckpt.resharded)
-        elif ckpt.list_checkpoints(self.ckpt_root):
+        elif list_checkpoints(self.ckpt_root):
             # Every kept checkpoint failed verification (each skip was a P1): say what happens now.
             self._on_event("P1", "restart_from_scratch",
-                           f"no valid checkpoint among {len(ckpt.list_checkpoints(self.ckpt_root))} in "
+                           f"no valid checkpoint among {len(list_checkpoints(self.ckpt_root))} in "
                            f"{self.ckpt_root}: restarting from step 0")
         self.comm.barrier()
 
@@ -501,7 +504,7 @@ class Trainer:
     def _finish(self, outcome: record.Outcome, last: dict[str, float]) -> tuple[dict[str, Any], int]:
         """Final checkpoint, evaluation and export (unless failed), then result.json."""
         if outcome.status != "failed":
-            final_saved = self.ckpt_root / ckpt.checkpoint_name(self.state.step)
+            final_saved = self.ckpt_root / checkpoint_name(self.state.step)
             # A sharded model is exported from its checkpoint's shards: make sure one exists.
             if outcome.status == "finished" or (self.topo.sharded and not final_saved.is_dir()):
                 self.save_checkpoint()
@@ -544,7 +547,7 @@ class Trainer:
         if self.is_main:
             self.sink.close(outcome.status)
             result["mlflow_run_id"] = self.sink.run_id
-            ckpt.write_json_atomic(self.run_dir / "result.json", result)
+            atomic_write_json(self.run_dir / "result.json", result)
         self.comm.barrier()
         return result, exit_code
 
@@ -586,12 +589,12 @@ class Trainer:
         return digest.hexdigest()[:16]
 
     def score_tasks(self) -> dict[str, float]:
-        """`eval.tasks` on the exported model, on this process (trainer/downstream.py says why).
+        """`eval.tasks` on the exported model, on this process (trainer/lm_eval_scoring.py says why).
         A failing task is recorded in RUN/downstream/results.json and never fails the run. Smoke
         scores 4 examples of each task: a broken task fails the PR check, not the GPU job."""
         if self.spec.eval is None:
             return {}
-        from trainer.downstream import RESULTS_DIR, evaluate_export
+        from trainer.lm_eval_scoring import RESULTS_DIR, evaluate_export
 
         spec = self.spec.eval
         if self.overfit:
@@ -623,10 +626,9 @@ class Trainer:
         tmp.mkdir(parents=True)
         if self.topo.sharded:
             # Streamed from the final checkpoint's shards: no process ever holds the full model.
-            from trainer import dcp
+            from trainer.checkpoint.sharded import export_safetensors
 
-            dcp.export_safetensors(self.ckpt_root / ckpt.checkpoint_name(self.state.step), tmp / "model.safetensors",
-                                   skip=tied)
+            export_safetensors(self.ckpt_root / checkpoint_name(self.state.step), tmp / "model.safetensors", skip=tied)
         else:
             from safetensors.torch import save_file
 
@@ -634,7 +636,7 @@ class Trainer:
             save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         # The architecture writes what loading needs (a transformers config.json, ...) and says how.
         note = arch.export(self.raw_model, tmp)  # the same note `export_note()` gives result.json
-        ckpt.write_json_atomic(tmp / EXPORT_FILE, {"model": arch.model_dump(mode="json"), "export": note.model_dump()})
+        atomic_write_json(tmp / EXPORT_FILE, {"model": arch.model_dump(mode="json"), "export": note.model_dump()})
         shutil.copy2(self.prepared.tokenizer_path, tmp / "tokenizer.json")
         shutil.rmtree(out, ignore_errors=True)
         os.rename(tmp, out)

@@ -2,7 +2,8 @@
 
 `OFFLINE_ENV` is the one list of variables every pipeline and trainer process gets by
 default (MLflow and Hugging Face must not phone home or download; tokenizers must not
-fork thread pools under our processes). `apply_offline_env` sets them where unset.
+fork thread pools under our processes). `apply_offline_env` sets them where unset;
+`scoped_environ` changes variables for one block and puts back exactly what was there.
 
 `env_fingerprint` is what a run trained on: two runs are comparable only when their
 `COMPARED_KEYS` agree (`fingerprint_diff`). Package versions come from the installed
@@ -14,7 +15,8 @@ from __future__ import annotations
 import os
 import platform
 import socket
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from importlib import metadata
 from typing import Any
 
@@ -33,6 +35,28 @@ def apply_offline_env(env: MutableMapping[str, str] | None = None) -> MutableMap
     for key, value in OFFLINE_ENV.items():
         target.setdefault(key, value)
     return target
+
+
+@contextmanager
+def scoped_environ(**values: str | None) -> Iterator[None]:
+    """Set (a string) or remove (None) each variable of this process's environment for the block.
+
+    On exit every variable named here is put back exactly: to its earlier value, or unset when it
+    was unset, whatever the block did to it meanwhile (other variables are left alone)."""
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, before in saved.items():
+            if before is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = before
 
 
 KEY_PACKAGES = ("torch", "accelerate", "transformers", "mlflow")

@@ -630,8 +630,8 @@ def _verify_explicit(
 ) -> ParallelPlan:
     # The layout rules of `validation.rules` (the one divisibility check, the world size,
     # the execution capability) run here too, for specs built in code without the loader.
-    from validation.loader import dotted
     from validation.rules import layout_violations
+    from validation.yaml_source import dotted
 
     resource = spec.resource
     dp, tp, pp = layout.dp, layout.tp, layout.pp
@@ -813,7 +813,7 @@ def downstream_budget(spec: ExperimentSpec) -> str | None:
     """One line: the tasks, their example budget and the time budget of each run's evaluation."""
     if spec.eval is None:
         return None
-    from validation.downstream import task_name
+    from validation.eval_tasks import task_name
 
     tasks = ", ".join(f"{task_name(t) or t.path} ({t.limit} ex, {t.num_fewshot}-shot)" for t in spec.eval.tasks)
     return (f"{spec.eval.examples()} examples, at most {format_duration(spec.eval.time_budget_s)} per run, "

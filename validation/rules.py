@@ -155,7 +155,7 @@ def metrics_exist(spec: ExperimentSpec) -> Iterator[Violation]:
 
 def task_metrics_exist(spec: ExperimentSpec) -> Iterator[Violation]:
     """`eval/task/<task>/<metric>` only exists for a task in `eval.tasks`."""
-    from validation.downstream import TASK_METRIC, task_name
+    from validation.eval_tasks import TASK_METRIC, task_name
 
     tasks = [n for n in (task_name(t) for t in spec.eval.tasks) if n] if spec.eval is not None else []
     metrics = {("hypothesis", "metric"): spec.hypothesis.metric}
@@ -184,7 +184,7 @@ def metric_definition(spec: ExperimentSpec, metric: str) -> dict[str, Any]:
     """What an eval metric's value means besides the model, as far as a spec says it: how the
     held-out split is cut and packed and, for a per-token `loss`, the tokenizer. (Which text is
     held out is the data version, known after preparation: the report compares it.)"""
-    from validation.downstream import TASK_METRIC, task_name
+    from validation.eval_tasks import TASK_METRIC, task_name
 
     task = TASK_METRIC.match(metric)
     if task:  # a task metric means its task entry: the same file or name, limit and few-shot count

@@ -32,7 +32,7 @@ from pydantic import (
 )
 
 from models import Architecture, OptimizerConfig, architectures, optimizer_configs
-from validation.downstream import TASK_METRIC_PATTERN, EvalSpec
+from validation.eval_tasks import TASK_METRIC_PATTERN, EvalSpec
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{2,63}$"
 SOURCE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -510,7 +510,7 @@ class ExperimentSpec(Section):
     sweep: SweepSpec | None = None
     """Optional search over a few fields."""
     eval: EvalSpec | None = None
-    """Downstream lm-evaluation-harness tasks scored on the final model (validation/downstream.py)."""
+    """Downstream lm-evaluation-harness tasks scored on the final model (validation/eval_tasks.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.github.promote import RunFilter, TrainingRecord
+from validation.environment import scoped_environ
 
 PROVENANCE_EXPERIMENT = "pipeline-provenance"
 ATTESTED_BY = "experiment-train.yml/attest"
@@ -237,9 +238,8 @@ def setup(
     def login(user: tuple[str, str]) -> None:
         os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = user
 
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
-    try:
-        login(admin)
+    # The caller's credential (or none) is back afterwards, whoever logged in last.
+    with scoped_environ(MLFLOW_TRACKING_USERNAME=admin[0], MLFLOW_TRACKING_PASSWORD=admin[1]):
         auth = get_app_client("basic-auth", tracking_uri=tracking_uri)
         for name, password in (trainer, attestor):
             try:
@@ -259,12 +259,6 @@ def setup(
             client.create_registered_model(model_name, description="Promoted by the GitOps training pipeline on merge.")
         client.set_registered_model_tag(model_name, "pipeline.registry_owner", attestor[0])
         return SetupResult(exp_id, model_name)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def read_result(path: Path) -> dict[str, Any]:

@@ -9,7 +9,8 @@ state = launcher.wait(handle, on_log=print)               # or poll(handle) / ca
 outcome = run_with_retries(launcher, job, on_log=print)   # relaunch after crashes (local/static)
 ```
 A handle is saved to `RUN/launch.json`; `handle_for_run(run_dir)` finds it again from another
-process (`pipeline status RUN`, `pipeline cancel RUN`, a detached Slurm job).
+process (`pipeline status RUN`, `pipeline cancel RUN`, a detached Slurm job), `running_job(run_dir)`
+only while that job has not ended, and `cancel_quietly(run_dir)` stops it as best it can.
 """
 
 from __future__ import annotations
@@ -18,16 +19,25 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelines.launchers.interface import JobState, Launcher, LaunchHandle, LaunchJob, LogSink, Phase
+from pipelines.launchers.interface import (
+    HANDLE_FILE,
+    RESULT_FILE,
+    JobState,
+    Launcher,
+    LaunchHandle,
+    LaunchJob,
+    LogSink,
+    Phase,
+)
 from pipelines.launchers.retry import RetryOutcome, Verdict, classify, run_with_retries
-from validation.errors import LaunchError
+from validation.errors import LaunchError, PipelineError
 
 if TYPE_CHECKING:
     from validation.spec import ExperimentSpec
 
 __all__ = [
     "JobState", "LaunchHandle", "LaunchJob", "Launcher", "LogSink", "Phase", "RetryOutcome", "Verdict",
-    "classify", "get_launcher", "handle_for_run", "job_from_spec", "run_with_retries",
+    "cancel_quietly", "classify", "get_launcher", "handle_for_run", "job_from_spec", "run_with_retries", "running_job",
 ]
 
 LAUNCHER_NAMES = ("local", "slurm", "static")
@@ -71,3 +81,26 @@ def handle_for_run(run_dir: Path) -> LaunchHandle:
         return LaunchHandle.load(Path(run_dir))
     except FileNotFoundError as exc:
         raise LaunchError(f"{run_dir}: no launch.json (was this run launched?)") from exc
+
+
+def running_job(run_dir: Path) -> LaunchHandle | None:
+    """The handle of a job launched earlier for `run_dir` that has not ended, else None."""
+    if not (run_dir / HANDLE_FILE).exists() or (run_dir / RESULT_FILE).exists():
+        return None
+    try:
+        handle = handle_for_run(run_dir)
+        state = get_launcher(handle.launcher).poll(handle)
+    except PipelineError:
+        return None
+    return None if state.done else handle
+
+
+def cancel_quietly(run_dir: Path) -> None:
+    """Cancel the job launched for `run_dir` unless it has written its result; never raises."""
+    if not (run_dir / HANDLE_FILE).exists() or (run_dir / RESULT_FILE).exists():
+        return
+    try:
+        handle = handle_for_run(run_dir)
+        get_launcher(handle.launcher).cancel(handle)
+    except Exception:  # best effort while already failing (or pruning); the caller's error is what is raised
+        pass

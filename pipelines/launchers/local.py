@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 
 from pipelines.launchers.commands import Rendezvous, accelerate_command, free_port, launch_env
+from pipelines.launchers.follow import follow
 from pipelines.launchers.interface import (
     JobState,
     LaunchHandle,
@@ -188,20 +189,16 @@ class LocalLauncher:
         tail = LogTail([Path(handle.extra.get("log", handle.run_dir / "logs" / "launcher.log"))],
                        start_offset=int(handle.extra.get("log_offset", 0)))
         limit = float(handle.extra.get("time_limit_s", 0)) or None
-        start = time.monotonic()
-        while True:
-            state = self.poll(handle)
-            tail.pump(on_log)
-            if state.done:
-                tail.pump(on_log, final=True)
-                return state
-            if limit is not None and time.time() - handle.submitted_at > limit:
-                gone = self._stop(handle)
-                tail.pump(on_log, final=True)
-                return JobState(Phase.TIMEOUT, self.poll(handle).exit_code, detail=f"time limit reached; {gone}")
-            if timeout is not None and time.monotonic() - start > timeout:
-                return state
-            time.sleep(POLL_SECONDS)
+
+        def over_time() -> JobState | None:
+            # Nothing else enforces the job's time limit on this machine.
+            if limit is None or time.time() - handle.submitted_at <= limit:
+                return None
+            gone = self._stop(handle)
+            return JobState(Phase.TIMEOUT, self.poll(handle).exit_code, detail=f"time limit reached; {gone}")
+
+        return follow(lambda: self.poll(handle), tail, interval=POLL_SECONDS, timeout=timeout, on_log=on_log,
+                      over_time=over_time)
 
     def cancel(self, handle: LaunchHandle) -> JobState:
         (handle.run_dir / CANCEL_MARKER).write_text(f"{time.time()}\n")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pipelines
 from pipelines.launchers.commands import Rendezvous, accelerate_command, launch_env
+from pipelines.launchers.follow import follow
 from pipelines.launchers.interface import (
     JobState,
     LaunchHandle,
@@ -259,37 +260,37 @@ class SlurmLauncher:
 
     def wait(self, handle: LaunchHandle, timeout: float | None = None, on_log: LogSink | None = None) -> JobState:
         tail = LogTail([Path(p) for p in handle.extra.get("logs", [])])
-        start = time.monotonic()
         requeues = 0
         last_detail = ""
-        while True:
-            state = self.poll(handle)
-            tail.pump(on_log)
+
+        def announce(state: JobState) -> None:
+            # Slurm's state and reason (pending on resources, requeued, ...) say more than the logs.
+            nonlocal last_detail
             if on_log and state.detail.split(" restarts=")[0] != last_detail:
                 last_detail = state.detail.split(" restarts=")[0]
                 on_log(f"[launcher] job {handle.job_id}: {state.detail}")
-            if state.done:
-                decision = classify(state.exit_code, state.result_status, cancel_requested(handle.run_dir),
-                                    state.phase)
-                if decision.verdict is Verdict.RETRY and requeues < int(handle.extra.get("max_requeues", 0)):
-                    requeues += 1
-                    if on_log:
-                        on_log(f"[launcher] job {handle.job_id} {decision.reason}; requeue {requeues}")
-                    _requeue(handle.job_id)
-                    if self.requeue_hold_s is not None:
-                        # After the hold the update itself triggers a scheduling pass (none is due soon).
-                        time.sleep(max(2, self.requeue_hold_s))
-                        _run(["scontrol", "update", f"JobId={handle.job_id}", "StartTime=now"], check=False)
-                    # The controller can still report the old end state for a moment: wait it out.
-                    deadline = time.monotonic() + 60
-                    while self.poll(handle).done and time.monotonic() < deadline:
-                        time.sleep(POLL_SECONDS / 4)
-                    continue
-                tail.pump(on_log, final=True)
-                return state
-            if timeout is not None and time.monotonic() - start > timeout:
-                return state
-            time.sleep(POLL_SECONDS)
+
+        def requeue(state: JobState) -> bool:
+            nonlocal requeues
+            decision = classify(state.exit_code, state.result_status, cancel_requested(handle.run_dir), state.phase)
+            if decision.verdict is not Verdict.RETRY or requeues >= int(handle.extra.get("max_requeues", 0)):
+                return False
+            requeues += 1
+            if on_log:
+                on_log(f"[launcher] job {handle.job_id} {decision.reason}; requeue {requeues}")
+            _requeue(handle.job_id)
+            if self.requeue_hold_s is not None:
+                # After the hold the update itself triggers a scheduling pass (none is due soon).
+                time.sleep(max(2, self.requeue_hold_s))
+                _run(["scontrol", "update", f"JobId={handle.job_id}", "StartTime=now"], check=False)
+            # The controller can still report the old end state for a moment: wait it out.
+            deadline = time.monotonic() + 60
+            while self.poll(handle).done and time.monotonic() < deadline:
+                time.sleep(POLL_SECONDS / 4)
+            return True
+
+        return follow(lambda: self.poll(handle), tail, interval=POLL_SECONDS, timeout=timeout, on_log=on_log,
+                      seen=announce, relaunched=requeue)
 
     def cancel(self, handle: LaunchHandle) -> JobState:
         (handle.run_dir / CANCEL_MARKER).write_text(f"{time.time()}\n")

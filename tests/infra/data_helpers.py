@@ -42,7 +42,7 @@ def demo_sources(weights: dict[str, float] | None = None, root: str = "data/demo
 
 
 def build_small_demo(repo: Path, max_bytes: int = SMALL_DEMO_BYTES) -> Path:
-    from validation.data import build_demo_corpus
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
 
     out = repo / "data" / "demo"
     build_demo_corpus(out, max_bytes)

@@ -73,7 +73,7 @@ def trainer_available() -> bool:
     """The real trainer and its data preparation are importable (H-trainer/H-data landed)."""
     try:
         import trainer.entry  # noqa: F401
-        from validation.data import prepare_data  # noqa: F401
+        from pipelines.dataprep.prepare import prepare_data  # noqa: F401
     except ImportError:
         return False
     return (Path(__file__).resolve().parents[2] / "trainer" / "__main__.py").is_file()
@@ -83,7 +83,7 @@ def make_trainer_job(tmp: Path, **spec_kwargs: Any) -> tuple[LaunchJob, Experime
     """Like `make_job` but for the real trainer: the data is really prepared (tiny)."""
     import os
 
-    from validation.data import prepare_data
+    from pipelines.dataprep.prepare import prepare_data
 
     job, spec = make_job(tmp, program=("-m", "trainer"), **spec_kwargs)
     os.environ["PIPELINE_DATA_ROOTS"] = str(tmp / "data")

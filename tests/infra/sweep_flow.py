@@ -35,8 +35,8 @@ class Timed(Reporter):
 def sweep_repo(root: Path, name: str, sweep_yaml: str) -> Path:
     """`root` as a scratch repository: pyproject, tiny-base, experiments/<name>.yaml, a small demo
     corpus. Returns the sweep file."""
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
     from tests.test_orchestrate_e2e import BASE
-    from validation.data import build_demo_corpus
 
     (root / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
     (root / "experiments").mkdir()

@@ -130,8 +130,8 @@ def comparable_profiles(prepared: Any, baseline: Any) -> tuple[dict[str, tuple[d
     sample of the baseline's documents is decoded with its own tokenizer and re-encoded
     with the candidate's, and compared with the same-sized sample of the candidate, so
     that the divergence measures the data, not the tokenizer."""
-    from validation.data.prepare import parallel_tokenizers
     from validation.data.profile import token_profile
+    from validation.environment import scoped_environ
     from validation.files import sha256_file
 
     shared = [s for s in prepared.sources if s in baseline.stats]
@@ -142,7 +142,7 @@ def comparable_profiles(prepared: Any, baseline: Any) -> tuple[dict[str, tuple[d
 
     vocab = [prepared.tokenizer.id_to_token(i) or "" for i in range(prepared.vocab_size)]
     out = {}
-    with parallel_tokenizers():
+    with scoped_environ(TOKENIZERS_PARALLELISM="true"):  # every core for the re-encoding (off process-wide)
         for source in shared:
             ours = _sample_documents(prepared, source, RETOKENIZE_SAMPLE_TOKENS)
             counts_ours = np.bincount(np.concatenate(ours).astype(np.int64), minlength=len(vocab))

@@ -8,7 +8,7 @@ on k, and k is a sum over earlier steps computed in closed form (vectorised, cac
 1024 steps).
 
 Part of the data layer (numpy only): the PR's data checks read the realised mixture from
-here, and the trainer's batcher (`trainer.data.batcher.MixtureBatcher`) builds its rows on it.
+here, and the trainer's batcher (`trainer.batches.MixtureBatcher`) builds its rows on it.
 """
 
 from __future__ import annotations

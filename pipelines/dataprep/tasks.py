@@ -8,7 +8,7 @@
                                      range's train/eval token shards and its statistics
 
 Between dedup and tokenize the driver does a small merge (counts, the split rebalance of
-tiny sources, the BPE sample and training: `validation.data.prepare`). A task writes all
+tiny sources, the BPE sample and training: `pipelines.dataprep.prepare`). A task writes all
 its output into a fresh directory and renames it into place as its last act, so a task
 killed at any point leaves either nothing or its whole, correct output; rerunning it
 writes the same bytes. datatrove's executors run these (locally or as a Slurm array) and
@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from validation.data.clean import clean_text, document_hash, non_ascii_count
+from pipelines.dataprep.clean import clean_text, document_hash, non_ascii_count
+from validation.environment import scoped_environ
 from validation.spec import DataSource
 
 ENCODE_BATCH_CHARS = 1_000_000
@@ -161,7 +162,7 @@ class ScanTask(_Task):
     stage = "scan"
 
     def run(self, rank: int, out: Path) -> None:
-        from validation.data.sources import read_documents
+        from pipelines.dataprep.sources import read_documents
 
         task = self.plan.tasks[rank]
         source = self.plan.sources[task.source]
@@ -291,17 +292,9 @@ class TokenizeTask(_Task):
 
     def run(self, rank: int, out: Path) -> None:
         # In-process (one worker) this is the caller's process: leave its environment as it was.
-        saved = {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")}
-        try:
-            _tokenizer_threads(self.plan.threads)
+        with scoped_environ(**_tokenizer_threads(self.plan.threads)):
             self._run(rank, out)
             release_free_heap()
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
     def _run(self, rank: int, out: Path) -> None:
         plan = self.plan
@@ -389,12 +382,12 @@ def release_free_heap() -> None:
     elsewhere): a task's batches leave freed arenas a long-lived worker would otherwise keep
     (measured after one 6 MB task: 54 MiB anonymous memory without the trim, 36 MiB with it)."""
     import ctypes
-    import ctypes.util
 
-    name = ctypes.util.find_library("c")
+    # The process's own symbol table (dlopen(NULL)) holds libc's: `ctypes.util.find_library`
+    # would run `ldconfig -p` in a child process after every task to find the same library.
     try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
+        libc = ctypes.CDLL(None)
+        if hasattr(libc, "malloc_trim"):
             libc.malloc_trim(0)
     except OSError:
         pass
@@ -410,10 +403,11 @@ def encode_batch(tokenizer: Any, texts: list[str], dtype: np.dtype) -> tuple[np.
     return ids, lengths
 
 
-def _tokenizer_threads(threads: int) -> None:
-    """One worker per core gets one tokenizer thread; a lone worker gets every core."""
-    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
-    os.environ.setdefault("RAYON_NUM_THREADS", str(max(1, threads)))
+def _tokenizer_threads(threads: int) -> dict[str, str]:
+    """One worker per core gets one tokenizer thread; a lone worker gets every core (a thread
+    count the environment already sets is kept)."""
+    return {"TOKENIZERS_PARALLELISM": "true" if threads > 1 else "false",
+            "RAYON_NUM_THREADS": os.environ.get("RAYON_NUM_THREADS", str(max(1, threads)))}
 
 
 def _quiet_datatrove() -> None:

@@ -1,4 +1,5 @@
-"""The smoke's second half for sharded layouts: a 2-process CPU step of the experiment's layout.
+"""Layout probe, the smoke's second half for sharded layouts: a 2-process CPU step of the
+experiment's layout kind.
 
 The one-process smoke (`trainer.smoke.run_smoke`) never builds a sharded model, so a tensor-
 parallel plan that does not fit the architecture (reproduced: a gated attention whose gate was
@@ -18,7 +19,7 @@ from typing import Any
 
 from validation.resolved import ResolvedExperiment, rebuild, resolve_spec
 
-SHARDED_SMOKE_STEPS = 4
+PROBE_STEPS = 4
 
 
 def sharded_layout(resolved: ResolvedExperiment) -> dict[str, Any] | None:
@@ -31,7 +32,7 @@ def sharded_layout(resolved: ResolvedExperiment) -> dict[str, Any] | None:
     return None
 
 
-def run_sharded_smoke(resolved: ResolvedExperiment, prepared: Any, run_dir: Path) -> dict[str, Any] | None:
+def run_layout_probe(resolved: ResolvedExperiment, prepared: Any, run_dir: Path) -> dict[str, Any] | None:
     """Train the smoke model for a few steps on 2 CPU processes in the experiment's layout kind;
     None when the layout is not sharded. Returns the checks, like `run_smoke`."""
     from pipelines.launchers import get_launcher, job_from_spec, run_with_retries
@@ -41,9 +42,9 @@ def run_sharded_smoke(resolved: ResolvedExperiment, prepared: Any, run_dir: Path
     if layout is None:
         return None
     run_dir = Path(run_dir)
-    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier sharded smoke's files (its own directory)
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier probe's files (its own directory)
     run_dir.mkdir(parents=True)
-    small = smoke_spec(resolved.spec, prepared.vocab_size, steps=SHARDED_SMOKE_STEPS)
+    small = smoke_spec(resolved.spec, prepared.vocab_size, steps=PROBE_STEPS)
     small = rebuild(small, {"parallel": layout, "resource.cpu_processes": 2, "train.checkpoint_interval": 2,
                             "train.max_restarts": 0, "train.micro_batch_size": 2})
     seeded = resolve_spec(small, resolved.repo_root, seeds=[small.train.seed]).for_seed(small.train.seed)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from validation.downstream import EvalSpec, EvalTask
+    from validation.eval_tasks import EvalSpec, EvalTask
 
 log = logging.getLogger(__name__)
 RESULTS_DIR = "downstream"
@@ -226,7 +226,7 @@ def evaluate_tasks(lm: Any, spec: EvalSpec, repo_root: Path, out_dir: Path, seed
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from validation.downstream import task_name
+    from validation.eval_tasks import task_name
 
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics: dict[str, float] = {}

@@ -8,6 +8,9 @@ run that repeats steps, or a replay after a half-acknowledged request, records e
 (key, step) once.
 
 Only rank 0 builds a real sink; the other ranks get `NullSink`.
+
+Where MLflow is and how long a call may take: `trainer.mlflow_endpoint`; a spool after its
+run (report notice, `pipeline replay-metrics`): `trainer.spool_replay`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-log = logging.getLogger("trainer.tracking")
+from trainer.mlflow_endpoint import artifact_location, bound_mlflow_http, short_error
+
+log = logging.getLogger("trainer.metric_sinks")
 
 SPOOL = "mlflow_spool.jsonl"
 RUN_FILE = "mlflow_run.json"
@@ -207,88 +212,6 @@ class JsonlMetrics:
         self.flush()
 
 
-def default_tracking_uri(repo_root: Path) -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(repo_root).resolve()}/mlflow.db"
-
-
-def artifact_location(tracking_uri: str) -> str | None:
-    """Where an experiment created in `tracking_uri` keeps its artifacts (report files, models).
-
-    A sqlite store keeps them in `mlruns/` beside its database file: MLflow's own default is
-    `./mlruns` of whatever directory the creating process ran in, so two stores would share
-    one folder and one store's artifacts would scatter over working directories. A server
-    (http) decides itself (`--default-artifact-root`); so does a file store (None)."""
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
-        return None
-    database = Path(tracking_uri[len(prefix):].split("?", 1)[0])
-    if not str(database) or str(database) == ":memory:":
-        return None
-    return (database.expanduser().resolve().parent / "mlruns").as_uri()
-
-
-MLFLOW_HTTP_POLICY = {
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
-}
-"""The one place that bounds every MLflow call of the project (trainer, orchestration, reports).
-
-MLflow's defaults are a 120 s timeout and 7 retries with exponential backoff (factor 2): one
-lookup against a dead server took ~250 s, and the report stage made three (742 s measured).
-Here a call costs at most 5 s + one retry after 1 s; an unreachable server is then remembered
-(`reachable_client`, the sink's offline mode) rather than asked again. Operators may override
-each variable in the environment (setdefault)."""
-MLFLOW_RECHECK_S = 60.0
-
-
-def bound_mlflow_http(env: dict[str, str] | None = None) -> None:
-    """Apply `MLFLOW_HTTP_POLICY` to `env` (this process's environment by default) where unset."""
-    target: Any = os.environ if env is None else env
-    for key, value in MLFLOW_HTTP_POLICY.items():
-        target.setdefault(key, value)
-
-
-_reachable: dict[str, tuple[float, Any]] = {}
-
-
-def reachable_client(tracking_uri: str) -> Any:
-    """An `MlflowClient` for `tracking_uri`, or None when the server does not answer; the answer
-    is remembered for `MLFLOW_RECHECK_S`, so a dead server costs one bounded attempt, not one
-    per lookup."""
-    now = time.monotonic()
-    cached = _reachable.get(tracking_uri)
-    if cached is not None and now - cached[0] < MLFLOW_RECHECK_S:
-        return cached[1]
-    bound_mlflow_http()
-    client: Any = None
-    try:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri=tracking_uri)
-        client.search_experiments(max_results=1)
-    except Exception as exc:  # noqa: BLE001 - unreachable or failing: the local records stand in
-        log.warning("MLflow at %s unreachable (%s); using the local records", tracking_uri, _short(exc))
-        client = None
-    _reachable[tracking_uri] = (now, client)
-    return client
-
-
-def spool_notice(run_dirs: list[Path]) -> str:
-    """Markdown for a report: which runs hold metrics MLflow never received, and the exact
-    command that sends them (each point once). Empty when nothing is spooled."""
-    spooled = [Path(d) for d in run_dirs if (Path(d) / SPOOL).is_file()]
-    if not spooled:
-        return ""
-    lines = ["### Metrics waiting for MLflow", "",
-             "MLflow could not be reached while these runs trained; their metrics are spooled on disk "
-             "and the verdict above was computed from the local records (`metrics.jsonl`, `result.json`). "
-             "When the server is back, send them (each point once):", "", "```bash"]
-    lines += [f"pipeline replay-metrics {d}" for d in spooled]
-    return "\n".join([*lines, "```", ""])
-
-
 def _quiet_http() -> None:
     # A dead server must cost seconds per flush, not MLflow's default minutes of retries.
     bound_mlflow_http()
@@ -301,7 +224,8 @@ class MlflowSink:
     """MLflow through `MlflowClient.log_batch`, one call per flush (never one per point).
 
     When the server cannot be reached, points, tags and params are appended to
-    RUN/mlflow_spool.jsonl; the next successful flush (or `replay_spool`) sends them first.
+    RUN/mlflow_spool.jsonl; the next successful flush (or `trainer.spool_replay.replay_spool`)
+    sends them first.
     The run id lives in RUN/mlflow_run.json as soon as it exists, so a resumed process
     continues the same MLflow run.
     """
@@ -379,7 +303,7 @@ class MlflowSink:
                     self._take(batch)
                     self._flush_now(force)
             except Exception as exc:  # noqa: BLE001 - never let the sender die silently
-                log.warning("MLflow sender: %s", _short(exc))
+                log.warning("MLflow sender: %s", short_error(exc))
             finally:
                 self._queue.task_done()
 
@@ -403,7 +327,7 @@ class MlflowSink:
             self._offline_since = None
         except Exception as exc:  # noqa: BLE001 - any transport/server error means "spool and go on"
             if self._offline_since is None:
-                log.warning("MLflow at %s unreachable (%s); spooling to %s", self.tracking_uri, _short(exc), self.spool)
+                log.warning("MLflow at %s unreachable (%s); spooling to %s", self.tracking_uri, short_error(exc), self.spool)
             self._offline_since = time.monotonic()
             self._spool_pending()
 
@@ -424,14 +348,14 @@ class MlflowSink:
         try:
             self._client.set_terminated(self.run_id, mlflow_status)
         except Exception as exc:  # noqa: BLE001
-            log.warning("could not mark MLflow run %s %s: %s", self.run_id, mlflow_status, _short(exc))
+            log.warning("could not mark MLflow run %s %s: %s", self.run_id, mlflow_status, short_error(exc))
 
     # ---------------------------------------------------------------- internals
 
     def _write_run_file(self) -> None:
-        from trainer.checkpoint import write_json_atomic
+        from validation.files import atomic_write_json
 
-        write_json_atomic(self.run_file, {"run_id": self.run_id, "experiment": self.experiment,
+        atomic_write_json(self.run_file, {"run_id": self.run_id, "experiment": self.experiment,
                                           "run_name": self.run_name, "tracking_uri": self.tracking_uri})
 
     def _connect(self, raise_errors: bool = False) -> None:
@@ -457,7 +381,7 @@ class MlflowSink:
             self._client = None
             self._offline_since = time.monotonic()
             log.warning("MLflow at %s unreachable (%s); metrics go to %s until it is back",
-                        self.tracking_uri, _short(exc), self.spool)
+                        self.tracking_uri, short_error(exc), self.spool)
             if raise_errors:
                 raise
 
@@ -499,10 +423,10 @@ class MlflowSink:
         with open(self.spool, "a") as fh:
             for k, s, v, ts in self._pending_metrics:
                 fh.write(json.dumps({"t": "m", "k": k, "s": s, "v": v, "ts": ts}) + "\n")
-            for k, v in self._pending_tags.items():
-                fh.write(json.dumps({"t": "tag", "k": k, "v": v}) + "\n")
-            for k, v in self._pending_params.items():
-                fh.write(json.dumps({"t": "param", "k": k, "v": v}) + "\n")
+            for k, text in self._pending_tags.items():
+                fh.write(json.dumps({"t": "tag", "k": k, "v": text}) + "\n")
+            for k, text in self._pending_params.items():
+                fh.write(json.dumps({"t": "param", "k": k, "v": text}) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         self._pending_metrics, self._pending_tags, self._pending_params = [], {}, {}
@@ -520,41 +444,3 @@ class MlflowSink:
         self.spool.unlink()
         log.info("replayed %d spooled MLflow points from %s", len(metrics), self.spool)
         return len(metrics)
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
-
-
-def replay_spool(run_dir: Path, tracking_uri: str | None = None) -> dict[str, Any]:
-    """Send a run's spooled metrics to MLflow (creating the run if it never reached the server).
-
-    Updates result.json's `mlflow_run_id` when the run id was not known before. Raises
-    `TrackingError` when the server is still unreachable.
-    """
-    from validation.errors import TrackingError
-
-    run_dir = Path(run_dir)
-    saved = json.loads((run_dir / RUN_FILE).read_text()) if (run_dir / RUN_FILE).is_file() else {}
-    uri = tracking_uri or saved.get("tracking_uri")
-    if not uri or not saved.get("experiment"):
-        raise TrackingError(f"{run_dir}: no {RUN_FILE}; nothing to replay")
-    pending = len(read_jsonl_tolerant(run_dir / SPOOL)[0])
-    sink = MlflowSink(uri, saved["experiment"], run_dir)
-    if sink.run_id is None:
-        raise TrackingError(f"MLflow at {uri} still unreachable; {pending} records stay in {run_dir / SPOOL}")
-    sink.flush(force=True)
-    if (run_dir / SPOOL).exists():
-        raise TrackingError(f"MLflow at {uri} still unreachable; records stay in {run_dir / SPOOL}")
-    result_path = run_dir / "result.json"
-    if result_path.is_file():
-        from trainer.checkpoint import write_json_atomic
-
-        result = json.loads(result_path.read_text())
-        if result.get("mlflow_run_id") != sink.run_id:
-            result["mlflow_run_id"] = sink.run_id
-            write_json_atomic(result_path, result)
-        if result.get("status") in ("finished", "failed", "stopped", "diverged"):
-            sink.close(result["status"])
-    return {"run_id": sink.run_id, "records": pending}

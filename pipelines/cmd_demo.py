@@ -1,4 +1,4 @@
-"""`make demo`: the experiment PR flow on one laptop, with real data and a local MLflow.
+"""`pipeline demo` (`make demo`): the experiment PR flow on one laptop, with real data and a local MLflow.
 
 1. build the demo corpus from this interpreter's standard library (no download);
 2. what CI does on the PR: validate every experiment, plan the chosen one;
@@ -11,19 +11,40 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Annotated
 
-from rich.console import Console
+import typer
 
-from validation.errors import UsageError
-from validation.paths import experiment_file, experiment_files, experiment_names
+from pipelines.exits import fail
+from validation.errors import PipelineError, UsageError
+
+
+def demo(
+    experiment: Annotated[str, typer.Option(help="Example experiment to run end to end.")] = "higher-lr",
+) -> None:
+    """The whole PR flow on this machine: build the demo corpus, validate and plan every example,
+    then run one experiment end to end (baseline included) with local MLflow."""
+    from validation.paths import repo_root_from_cwd
+
+    try:
+        run_demo(repo_root_from_cwd(), experiment)
+    except PipelineError as exc:
+        raise fail(exc) from None
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(demo)
 
 
 def run_demo(repo: Path, experiment: str) -> None:
-    from pipelines.demo_task import build_demo_task
+    from rich.console import Console
+
+    from pipelines.dataprep.demo_corpus import build_demo_corpus
+    from pipelines.dataprep.demo_eval_task import build_demo_task
     from pipelines.orchestrate import ExperimentFlow, RunOptions, summary_lines
     from pipelines.progress import RichReporter
-    from validation.data import build_demo_corpus
     from validation.loader import load_spec
+    from validation.paths import experiment_file, experiment_files, experiment_names
     from validation.preflight import make_plan, render_plan_text
 
     console = Console(stderr=True)

@@ -5,7 +5,7 @@ fixed number of tasks on a pool of local workers, `SlurmPipelineExecutor` submit
 same tasks as a Slurm job array, and both write a completion marker per finished task
 (`<stage>/logs/completions/<rank>`) and skip marked tasks when run again, which is what
 makes a killed preparation resumable. The tasks themselves are ours
-(`validation.data.stages`): datatrove's `DocumentTokenizer` writes its own shard format,
+(`pipelines.dataprep.tasks`): datatrove's `DocumentTokenizer` writes its own shard format,
 shuffles and has no notion of our cleaning, train/eval split, cross-shard de-duplication
 keyed by source or statistics, so we use datatrove for what it is best at (scheduling,
 completion, Slurm) and keep the byte format that the trainer and the checks read.
@@ -15,7 +15,9 @@ The number of tasks never depends on the number of workers, so the output does n
 
 from __future__ import annotations
 
+import copy
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -62,7 +64,7 @@ def run_stage(
     on_tick: Callable[[int], None] | None = None,
 ) -> None:
     """Run `tasks` ranks of `step` (skipping ranks marked complete); raise DataError when any fails."""
-    from validation.data.stages import _quiet_datatrove
+    from pipelines.dataprep.tasks import _quiet_datatrove
 
     _quiet_datatrove()
     stage_dir = build / stage
@@ -87,10 +89,36 @@ def _local_executor_class() -> Any:
     from datatrove.executor import LocalPipelineExecutor  # type: ignore[import-untyped]
 
     class PreparationLocalExecutor(LocalPipelineExecutor):  # type: ignore[misc]
-        """Quiet in every worker process too (the patch must precede datatrove's task logger)."""
+        """Quiet in every worker process too (the patch must precede datatrove's task logger); one
+        worker runs its tasks in this process without starting any."""
+
+        def run(self) -> Any:
+            if self.workers != 1 or self.depends:
+                return super().run()
+            # datatrove runs one worker's tasks here, in order, but first starts a multiprocess
+            # Manager (a server process) only to hold its queue of local ranks: a plain queue does
+            # that job, so a one-worker preparation starts no process (same tasks, same bytes).
+            from datatrove.utils.stats import PipelineStats  # type: ignore[import-untyped]
+
+            self._launched = True
+            ranks = range(self.local_rank_offset, self.local_rank_offset + self.local_tasks)
+            if all(map(self.is_rank_completed, ranks)):
+                return None
+            self.save_executor_as_json()
+            local_ranks: queue.Queue[int] = queue.Queue()
+            local_ranks.put(0)
+            pipeline: list[Any] = getattr(self, "pipeline")  # noqa: B009 - datatrove's attribute is untyped
+            stats: list[Any] = []
+            for rank in self.get_incomplete_ranks(ranks):
+                self.pipeline = copy.deepcopy(pipeline)
+                stats.append(self._launch_run_for_rank(rank, local_ranks))
+            merged = sum(stats, start=PipelineStats())
+            with self.logging_dir.open("stats.json", "wt") as handle:
+                merged.save_to_disk(handle)
+            return merged
 
         def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1) -> Any:
-            from validation.data.stages import _quiet_datatrove
+            from pipelines.dataprep.tasks import _quiet_datatrove
 
             _quiet_datatrove()
             return super()._run_for_rank(rank, local_rank, node_rank)
@@ -133,7 +161,7 @@ def _slurm_executor_class() -> Any:
             return None
 
         def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1) -> Any:
-            from validation.data.stages import _quiet_datatrove
+            from pipelines.dataprep.tasks import _quiet_datatrove
 
             _quiet_datatrove()
             return super()._run_for_rank(rank, local_rank, node_rank)

@@ -1,7 +1,7 @@
 """Downstream evaluation: lm-evaluation-harness tasks in the spec (`eval.tasks`), checked torch-free.
 
 An experiment lists tasks; after training, the trainer scores the exported model on each
-(`trainer.downstream`) and every task metric becomes `eval/task/<task>/<metric>` (with
+(`trainer.lm_eval_scoring`) and every task metric becomes `eval/task/<task>/<metric>` (with
 `<metric>_stderr` and `n` beside it), valid as `hypothesis.metric`.
 
 A task is either the name of a task the installed lm-eval ships (its data must be available

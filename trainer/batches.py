@@ -1,5 +1,11 @@
 """Packed, mixture-weighted training rows and deterministic evaluation rows.
 
+Built on the prepared data below the trainer (`validation.data`: `PreparedData`, `MixtureSchedule`).
+
+    batcher = MixtureBatcher(prepared, spec.data.weights(), seq_len, micro, accum, seed, rank, world)
+    batch = batcher.batch(step, micro_step)                  # np.int64 input_ids/labels/position_ids
+    for batch in eval_batches(prepared, "docs", seq_len, batch_size, max_batches): ...
+
 Row layout (what the model sees). A row holds `seq_len` tokens of ONE source: whole
 documents back to back, the last one cut at the row end. `position_ids` restart at 0
 at the row start and at every document start; `labels` equal `input_ids` except -100

@@ -59,15 +59,15 @@ def _stdlib_modules() -> Iterator[tuple[str, Path]]:
     yield from sorted(found)
 
 
-def _definitions_and_docstrings(module: str, path: Path) -> tuple[list[dict], list[dict]]:
+def _definitions_and_docstrings(module: str, path: Path) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     try:
         source = path.read_text(encoding="utf-8")
         tree = ast.parse(source)
     except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
         return [], []  # a few files are deliberately broken (grammar fixtures): not our corpus
     lines = source.splitlines(keepends=True)
-    code: list[dict] = []
-    docs: list[dict] = []
+    code: list[dict[str, str]] = []
+    docs: list[dict[str, str]] = []
     module_doc = ast.get_docstring(tree, clean=True)
     if module_doc:
         docs.append({"id": module, "text": module_doc})
@@ -85,7 +85,7 @@ def _definitions_and_docstrings(module: str, path: Path) -> tuple[list[dict], li
     return code, docs
 
 
-def _reference_topics() -> list[dict]:
+def _reference_topics() -> list[dict[str, str]]:
     from pydoc_data import topics  # shipped with CPython; plain dict of str
 
     return [{"id": key, "text": topics.topics[key]} for key in sorted(topics.topics)]
@@ -103,7 +103,7 @@ class _CappedJsonl:
     def full(self) -> bool:
         return self.bytes >= self.max_bytes - _FULL_SLACK
 
-    def add(self, record: dict) -> None:
+    def add(self, record: dict[str, str]) -> None:
         """Append unless the record would overshoot the budget (a smaller one may still fit)."""
         line = json.dumps(record, ensure_ascii=False) + "\n"
         size = len(line.encode("utf-8"))

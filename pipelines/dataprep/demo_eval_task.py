@@ -4,7 +4,7 @@ definition? Built from the demo corpus's `code` source, no download.
 The task YAML is shipped (`data/tasks/demo_next_line.yaml`, an lm-eval `multiple_choice` task
 over `dataset_path: json`); this module writes its data, `data/demo/demo_next_line.jsonl`,
 when the demo corpus is built. Only documents the training data holds out (the same hash
-rule, `validation.data.clean.is_held_out`, at the base experiment's `eval_fraction`) become
+rule, `pipelines.dataprep.clean.is_held_out`, at the base experiment's `eval_fraction`) become
 examples, so neither model trained on them. Distractors are lines of other held-out
 definitions with the same indentation as the right answer, so indentation gives nothing away.
 Deterministic: the same corpus gives the same file, byte for byte.
@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
-from validation.data.clean import clean_text, document_hash, is_held_out
+from pipelines.dataprep.clean import clean_text, document_hash, is_held_out
 
 TASK_NAME = "demo_next_line"
 DATA_FILE = f"{TASK_NAME}.jsonl"
@@ -45,7 +46,7 @@ def build_next_line_task(code_jsonl: Path, out_file: Path, eval_fraction: float 
             if len(ln.strip()) >= MIN_LINE_CHARS:
                 pool.setdefault(_indent(ln), []).append((d, ln.rstrip()))
     rng = random.Random(seed)
-    examples = []
+    examples: list[dict[str, Any]] = []
     for d, lines in enumerate(held_out):
         for cut in PROMPT_LINES:
             if len(examples) >= max_examples or len(lines) <= cut:

@@ -1,8 +1,13 @@
-"""Sharded checkpoints with torch.distributed.checkpoint (DCP): save, load (resharding),
+"""The sharded layout (FSDP, TP): torch.distributed.checkpoint (DCP) save, load (resharding),
 round-trip validation without gathering, and a streamed safetensors export.
 
-DCP files hold the model and optimizer under the keys `model` and `optim` (flattened to
-`model.<fqn>` / `optim.state.<fqn>.<name>` in `.metadata`). Loading goes through
+  __<rank>_0.distcp  every rank's shard of model and optimizer
+  .metadata          DCP's index (written by rank 0)
+  scheduler.pt       {"scheduler": ...}
+
+beside every rank's `rng_rank<N>.pt` and `train_state.json`. DCP files hold the model and
+optimizer under the keys `model` and `optim` (flattened to `model.<fqn>` /
+`optim.state.<fqn>.<name>` in `.metadata`). Loading goes through
 `get_state_dict`/`set_state_dict`, so the same files load into a plain model (one process,
 no process group), DDP replicas, or another FSDP/TP layout: DCP reads each rank's part of
 each tensor from whichever shards hold it.
@@ -11,13 +16,30 @@ each tensor from whichever shards hold it.
 from __future__ import annotations
 
 import json
+import shutil
 import struct
+import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer.checkpoint.format import (
+    OPTIMIZER,
+    SCHEDULER,
+    file_entry,
+    rng_file,
+    shard_prefix,
+    tmp_dir_for,
+    train_state_record,
+    write_train_state,
+)
+from trainer.checkpoint.rng import write_rank_rng
+
 if TYPE_CHECKING:
     import torch
+
+    from trainer.checkpoint.manager import Live
+    from trainer.state import TrainState
 
 
 def _optimizer(opt: Any) -> torch.optim.Optimizer:
@@ -31,7 +53,7 @@ def state_dicts(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any],
     return get_state_dict(model, _optimizer(optimizer))
 
 
-def save(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
+def save_shards(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
     """Collective: every rank writes `__<rank>_0.distcp`; rank 0 also `.metadata`."""
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -39,7 +61,7 @@ def save(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
     dcp_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
 
 
-def load(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
+def load_shards(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
     """Load model and optimizer from a DCP checkpoint written by any layout (reshards)."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -168,7 +190,7 @@ def load_legacy(directory: Path, model: torch.nn.Module, optimizer: Any, arch: A
     from trainer.parallel import load_full_weights
 
     load_full_weights(model, directory, arch)
-    saved = torch.load(Path(directory) / "optimizer.pt", map_location="cpu", weights_only=False)
+    saved = torch.load(Path(directory) / OPTIMIZER, map_location="cpu", weights_only=False)
     opt = _optimizer(optimizer)
     names = {id(p): n for n, p in model.named_parameters()}
     order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
@@ -179,3 +201,115 @@ def load_legacy(directory: Path, model: torch.nn.Module, optimizer: Any, arch: A
                       | {"params": [names[id(p)] for p in group["params"]]})
     set_optimizer_state_dict(model, opt, {"state": state, "param_groups": groups},
                              options=StateDictOptions(full_state_dict=True))
+
+
+class ShardedStorage:
+    """FSDP / TP: every rank writes its own shard with torch.distributed.checkpoint.
+
+    Same rules as the unsharded layout: a temporary directory, validated (each rank reads
+    its part back and compares it with what it saved: nothing is gathered), a MANIFEST.json
+    with the sha256 of every file (each rank hashes what it wrote; rank 0 writes the
+    manifest), then an atomic rename.
+
+    `async_checkpoint`: training waits only while every rank copies its shards to CPU memory;
+    the writer's thread writes them (DCP over a process group of its own, so its collectives
+    never interleave with training's); the save is validated and published at the next save
+    or `complete()` (end of run, rollback, preemption), which all ranks reach together.
+    A process killed before that leaves a temporary directory: never a checkpoint.
+    """
+
+    def __init__(self, live: Live):
+        self.live = live
+        self._pending: tuple[int, Path, dict[str, Any], float] | None = None
+        self._bg_error: str | None = None
+        self._group: Any = None
+        if live.writer.async_save:
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")  # collective: every rank builds its manager here
+
+    def describe(self) -> str:
+        return f"sharded, {self.live.comm.world} ranks, {'async' if self._group is not None else 'sync'}"
+
+    def save(self, state: TrainState) -> None:
+        """Collective. In async mode every rank returns once its shards are staged in CPU memory."""
+        import torch
+
+        live = self.live
+        t0 = time.perf_counter()
+        self.complete()  # publishing the previous background save is part of this stall
+        step = state.step
+        root = live.writer.root
+        tmp = tmp_dir_for(root, step)
+        if live.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        live.comm.barrier()
+        reason: str | None = None
+        try:
+            write_rank_rng(root, step, live.rank)
+            if live.is_main:
+                torch.save({"scheduler": live.scheduler.state_dict()}, tmp / SCHEDULER)
+                write_train_state(tmp, train_state_record(state.to_json(), live.layout))
+            if self._group is not None:
+                staged = staged_copy(live.model, live.optimizer)
+                self._bg_error = None
+                live.writer.submit(lambda: self._write_in_background(tmp, staged))
+                self._pending = (step, tmp, staged, t0)
+                return
+            save_shards(tmp, live.model, live.optimizer)
+            reason = verify_roundtrip(tmp, live_model_state(live.model))
+        except Exception as exc:  # noqa: BLE001 - disk full, quota: reported, previous state intact
+            reason = f"not written: {exc}"
+        self._complete(step, tmp, reason, t0)
+
+    def _write_in_background(self, tmp: Path, staged: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+        try:
+            dcp_save(staged, checkpoint_id=str(tmp), process_group=self._group)
+        except Exception as exc:  # noqa: BLE001 - reported when the save is completed
+            self._bg_error = f"not written: {exc}"
+
+    def complete(self) -> None:
+        """Collective: validate and publish the background save (every rank calls this together)."""
+        if self._pending is None:
+            return
+        step, tmp, staged, t0 = self._pending
+        self._pending = None
+        self.live.writer.wait()
+        reason = self._bg_error
+        if reason is None:
+            try:
+                reason = verify_roundtrip(tmp, staged["model"])
+            except Exception as exc:  # noqa: BLE001
+                reason = f"not readable: {exc}"
+        self._complete(step, tmp, reason, t0)
+
+    def _complete(self, step: int, tmp: Path, reason: str | None, t0: float) -> None:
+        """Collective: every rank hashes its files; rank 0 writes the manifest and renames."""
+        live = self.live
+        live.comm.barrier()  # every rank's files are complete before anyone hashes
+        files: dict[str, dict[str, Any]] = {}
+        if reason is None:
+            for path in sorted(tmp.iterdir()):
+                mine = path.name.startswith(shard_prefix(live.rank)) or path.name == rng_file(live.rank)
+                rank0 = live.is_main and not path.name.startswith(("__", "rng_rank"))
+                if path.is_file() and (mine or rank0):
+                    files[path.name] = file_entry(path)
+        reasons = live.comm.gather(reason)
+        all_files = live.comm.gather(files)
+        if live.is_main:
+            problems = [r for r in reasons if r]
+            if problems:
+                live.writer.reject(step, tmp, problems[0], t0)
+            else:
+                merged: dict[str, dict[str, Any]] = {}
+                for part in all_files:
+                    merged |= part
+                live.writer.publish(step, tmp, t0, merged, {"format": "dcp", "world_size": live.comm.world})
+        live.comm.barrier()
+
+    def load_unsharded(self, path: Path) -> None:
+        """A checkpoint written by one process or DDP into this sharded model."""
+        load_legacy(path, self.live.model, self.live.optimizer, self.live.spec.model)
