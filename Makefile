@@ -8,13 +8,15 @@ TORCH_SPEC ?= torch==2.13.0
 # The example `make demo` runs end to end (with its baseline): a hypothesis on a downstream task
 # accuracy (docs/downstream.md), eval/loss beside it.
 EXPERIMENT ?= next-line-lr
+TEST_WORKERS ?= 2
+JUNIT ?= .pytest-junit.xml
 export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup setup-github demo test test-fast lint bench clean
+.PHONY: setup setup-github demo test test-fast test-budget lint bench clean
 
 setup: $(STAMP)
 
@@ -41,11 +43,17 @@ setup-github:
 demo: setup
 	$(BIN)/pipeline demo --experiment $(EXPERIMENT)
 
+# The whole suite on TEST_WORKERS xdist workers (the Slurm tests share one worker); the JUnit
+# file feeds `make test-budget` (.ci/test_budget.py: tiers, slowest tests, new tests' budget).
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --junitxml=$(JUNIT)
 
+# The unit tier: no process, no server (tests/infra/tiers.py fails a test that starts one).
 test-fast: setup
-	$(BIN)/python -m pytest -q -m unit
+	$(BIN)/python -m pytest -q tests/unit
+
+test-budget:
+	$(PY) .ci/test_budget.py $(JUNIT)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -354,7 +354,7 @@ def append_results(rows: list[dict[str, Any]], args: argparse.Namespace, n_param
             f"{r['ratio_above']:.2f} | {r['peak_abs_mib']:.0f} | {r['est_total_mib']:.0f} | {r['ratio_total']:.2f} | "
             f"{r['step_s']:.2f} |")
     lines.append("")
-    lines.append("Agreement rule (tests/test_preflight_memory.py, on the figures in bench/results/parallel_memory.json): "
+    lines.append("Agreement rule (tests/unit/test_preflight_memory.py, on the figures in bench/results/parallel_memory.json): "
                  f"estimate / measured peak above the baseline within 1 +- {AGREEMENT}.")
     lines.append("")
     path = append_results_md("\n".join(lines))

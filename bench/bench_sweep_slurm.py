@@ -3,7 +3,7 @@ pruning, against the sequential full grid (1 at a time, no pruning), in one benc
 
     .venv/bin/python bench/bench_sweep_slurm.py [--no-append]
 
-The sweep is the one of tests/test_sweep_slurm.py (tiny Llama, 24 steps, eval every 4, four
+The sweep is the one of tests/integration/test_sweep_slurm.py (tiny Llama, 24 steps, eval every 4, four
 learning rates, every trial a 1-node Slurm job on one CPU process); the cluster is
 tests/infra/slurm.sh (two slurmd nodes on this host), started and stopped here when it is not
 running. Each mode runs the whole flow (trials, then the winner retrained on the hypothesis
@@ -22,26 +22,23 @@ import os
 import platform
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from scaffold import REPO, append_results_md, cpu_model, slurm_test_cluster, utc_stamp, write_results_json
-
-sys.path.insert(0, str(REPO / "tests"))  # tests/infra helpers, imported as infra.<module> as the tests do
+from scaffold import append_results_md, cpu_model, slurm_test_cluster, utc_stamp, write_results_json
 
 
 def _job(seed_dir: Path) -> dict[str, Any]:
     """The Slurm figures of a seed directory's job, without its log text (tests/infra/sweep_flow.py)."""
-    from infra.sweep_flow import slurm_job  # type: ignore[import-not-found]  # tests/ is on sys.path (above)
+    from tests.infra.sweep_flow import slurm_job
 
     return {k: v for k, v in slurm_job(seed_dir).items() if k not in ("out", "starts", "logs")}
 
 
 def run_mode(name: str, sweep_yaml: str) -> dict[str, Any]:
-    from infra.sweep_flow import Timed, run_flow, sweep_repo
+    from tests.infra.sweep_flow import Timed, run_flow, sweep_repo
 
     # No spaces in the path: it goes into #SBATCH --output=..., which sbatch splits at a space.
     with tempfile.TemporaryDirectory(prefix=f"sweep-{re.sub(r'[^a-z0-9]+', '-', name)}-") as tmp:
@@ -87,7 +84,7 @@ def main() -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-append", action="store_true", help="do not write bench/RESULTS.md and bench/results/")
     args = parser.parse_args()
-    from tests.test_sweep_slurm import SWEEP
+    from tests.infra.sweep_flow import SLURM_SWEEP as SWEEP
 
     sequential = SWEEP.replace("parallel: 2", "parallel: 1").replace("prune: true", "prune: false")
     assert sequential != SWEEP and "parallel: 1" in sequential and "prune: false" in sequential
@@ -131,7 +128,7 @@ def markdown(f: dict[str, Any]) -> str:
     lines = ["", f"## Sweep on 2 Slurm nodes: pruned, 2 at a time vs the sequential full grid "
              f"(bench/bench_sweep_slurm.py) — {f['when']}", "",
              f"Machine: {m['cpu']}, {m['cores']} CPUs shared with other sessions, {m['platform']}, Python {m['python']}, "
-             f"{m['slurm']}; {m['cluster']}. The sweep of tests/test_sweep_slurm.py: tiny Llama (49k parameters), "
+             f"{m['slurm']}; {m['cluster']}. The sweep of tests/integration/test_sweep_slurm.py: tiny Llama (49k parameters), "
              "24 steps, eval every 4, `train.lr` in [0.006, 0.003, 1e-06, 2e-06], every trial a 1-node Slurm job "
              "(one CPU process, the node taken whole), selection seed 11234, the winner retrained on seed 1234. "
              "One run of each mode, pruned first, each in its own repository.", "",

@@ -1,7 +1,7 @@
 """What every bench script sets up around its measurement, written once.
 
-A script runs as `python bench/<script>.py` (run_all.py, tests/test_bench_scripts.py and the
-docs start it so), which puts bench/ on `sys.path` (tests/test_preflight_memory.py puts it there
+A script runs as `python bench/<script>.py` (run_all.py, tests/integration/test_bench_scripts.py and the
+docs start it so), which puts bench/ on `sys.path` (tests/unit/test_preflight_memory.py puts it there
 to import bench_parallel_memory): scripts import this module as `scaffold`, and importing it
 puts the repository on `sys.path` as well.
 

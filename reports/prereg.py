@@ -108,7 +108,7 @@ def changes(registered: HypothesisView, current: HypothesisView) -> list[str]:
 # exploratory: pilot runs (`hypothesis.pilot`), seeds added later, seeds of a rerun under
 # another name or base seed, runs whose results existed before the registration. The
 # headline is decided on the registration's own seeds only, so no rename, no added seed and
-# no rerun can move it (simulated in tests/test_report_prereg.py).
+# no rerun can move it (simulated in tests/unit/test_report_prereg.py).
 
 CLAIM_PREFIX = "claim:"
 """Registration file keys of claim registrations (older files are keyed by experiment name)."""

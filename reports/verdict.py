@@ -25,7 +25,7 @@ so "lower bound > min_effect" reads the same on either scale.
 
 - **supported** when lower > M: H0 "effect <= min_effect" rejected at level alpha, so
   P(supported) <= alpha whenever the true effect is at most min_effect
-  (`tests/test_report_simulation.py`: both directions, n = 2..16, noise 0.5-5 %).
+  (`tests/unit/test_report_simulation.py`: both directions, n = 2..16, noise 0.5-5 %).
 - **refuted** when upper < M (significantly smaller than what counts; upper < 0: the wrong way).
 - **inconclusive** otherwise: one pair, no noise estimate (the seed-to-seed spread of either
   side, or of the log ratios, is below NO_SPREAD relative to the metric: float jitter is not

@@ -1,9 +1,21 @@
-"""Shared fixtures: real servers, started once per test session.
+"""Test tiers and shared fixtures.
 
-- `mlflow_server`: a real `mlflow server` on 127.0.0.1 (sqlite store, local artifacts).
-- `slurm_cluster`: a real single-host Slurm cluster with two slurmd nodes (n1, n2).
+Tiers are directories (as torchtitan keeps `tests/unit_tests` apart from its integration runs);
+each test gets its directory's marker, so `-m unit` and `tests/unit` select the same tests:
 
-Helpers that only some tests need live in `tests/infra/` (import them as `infra.<module>`).
+  tests/unit/         pure code, no process and no server: a unit test that starts a process
+                      (subprocess, fork, exec, multiprocessing) or listens on a socket fails,
+                      naming the call (`tests/infra/tiers.py`); `make test-fast`
+  tests/integration/  real servers and processes started by the test (MLflow, Slurm, the GitHub
+                      emulator, act, multi-process `accelerate launch`)
+  tests/e2e/          whole flows (`pipeline run`, sweeps, continuation, the act lifecycle)
+  tests/gpu/          needs CUDA; skipped without it
+
+Session fixtures (built once, shared): `mlflow_server` (a real `mlflow server` on 127.0.0.1),
+`slurm_cluster` (a real single-host Slurm cluster, nodes n1 and n2), and the expensive inputs
+of `tests/infra/corpus.py` (the demo corpus, built once per process for each size).
+
+Helpers that only some tests need live in `tests/infra/` (import them as `tests.infra.<module>`).
 """
 
 from __future__ import annotations
@@ -18,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from validation.environment import apply_offline_env
+from tests.infra import tiers
+from validation.environment import apply_offline_env, scoped_environ
 
 # Every process a test starts inherits these (MLflow phones home on import otherwise).
 apply_offline_env()
@@ -32,7 +45,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
     Tests share it, so each test should use its own experiment name.
     """
-    from infra.mlflow_server import MlflowServer
+    from tests.infra.mlflow_server import MlflowServer
 
     with MlflowServer(tmp_path_factory.mktemp("mlflow")) as server:
         yield server
@@ -68,21 +81,21 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             if shutil.which("sbatch") is None:
                 pytest.skip(f"Slurm could not be installed: {proc.stderr.strip()[-300:]}")
             pytest.fail(f"tests/infra/slurm.sh start failed:\n{proc.stderr[-2000:]}")
-    previous = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(state / "slurm.conf")
-    try:
-        yield SlurmCluster(conf=state / "slurm.conf", nodes=("n1", "n2"), startup_s=started)
-    finally:
-        if not running:
-            subprocess.run([script, "stop"], capture_output=True, timeout=120)
-        if previous is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = previous
+    with scoped_environ(SLURM_CONF=str(state / "slurm.conf")):
+        try:
+            yield SlurmCluster(conf=state / "slurm.conf", nodes=("n1", "n2"), startup_s=started)
+        finally:
+            if not running:
+                subprocess.run([script, "stop"], capture_output=True, timeout=120)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`gpu` tests run only where CUDA is available; elsewhere they are skipped, saying why."""
+    """Each test gets its tier's marker; the tests of the one Slurm cluster run on one xdist
+    worker (`--dist loadgroup`); `gpu` tests run only where CUDA is available."""
+    tiers.mark_by_directory(items)
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
@@ -93,3 +106,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA device (none visible)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with tiers.guard(item, "setup"):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with tiers.guard(item, "call"):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    # The last item's teardown also finalizes session fixtures (servers started by other tiers).
+    with tiers.guard(item, "teardown", active=nextitem is not None):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    tiers.fail_report_on_escape(item, outcome.get_result())

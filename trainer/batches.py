@@ -13,7 +13,7 @@ wherever a segment starts (the first token of a document is not predicted from t
 previous document). There is no padding, so every slot is a real token. Fed to a
 transformers model as `model(input_ids, position_ids, labels, use_cache=False)` with
 NO attention_mask, the attention kernels treat each position-0 as a boundary (see
-tests/test_data_packing.py for the numerical proof on sdpa and eager).
+tests/unit/test_data_packing.py for the numerical proof on sdpa and eager).
 
 Determinism. A step's global batch has `G = world * accum * micro` rows. Which source
 each row comes from is decided by systematic sampling of the mixture weights with a

@@ -6,7 +6,7 @@ with the line of `parallel` and what to change, never on the GPU runner after `/
 
 Today the trainer runs data parallelism (DDP through accelerate), FSDP2 and tensor
 parallelism (DTensor, on a 2-D mesh with FSDP), on GPUs and on CPU processes (gloo):
-tests/test_trainer_parallel.py runs each on two CPU ranks. Pipeline parallelism is not
+tests/integration/test_trainer_parallel.py runs each on two CPU ranks. Pipeline parallelism is not
 executable (no exact, tested implementation yet); when it is, its owner adds "pp" to
 `TRAINER` below and every check follows from that one line.
 """

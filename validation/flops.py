@@ -99,5 +99,5 @@ def attention_flops_per_token(model: ModelSpec, seq_len: int) -> float:
 def flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """Training FLOPs per token: 6 x matmul parameters (forward 2 + backward 4; Kaplan et al.
     2020) plus the attention term; declared by the architecture, checked in
-    tests/test_models_contract.py against torch's FLOP counter on fake tensors."""
+    tests/integration/test_models_contract.py against torch's FLOP counter on fake tensors."""
     return model.flops_per_token(seq_len)

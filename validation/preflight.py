@@ -100,7 +100,7 @@ ATTENTION_SCORES_STORED: dict[str, bool] = {"eager": True, "sdpa": False}
 LOGIT_BYTES_PER_ELEMENT = 8
 
 # What the data-parallel wrapper holds besides the states above (checked against measured
-# per-rank memory by bench/bench_parallel_memory.py, tests/test_preflight_memory.py):
+# per-rank memory by bench/bench_parallel_memory.py, tests/unit/test_preflight_memory.py):
 # - DDP copies every gradient into its own communication buckets (gradient_as_bucket_view is
 #   off, as accelerate leaves it): one more gradient per parameter at the peak.
 # - FSDP gathers one group at a time: the group being computed in full (its parameters, and

@@ -13,7 +13,7 @@ act would fetch from the network:
   artifacts are copied through a folder shared by the runs of one test, so the
   `pull_request` -> `workflow_run` hand-off is real;
 * `--env GITHUB_API_URL=<emulator>` and `-s GITHUB_TOKEN=<emulator token>`: every API
-  call goes to tests/github_emulator.py;
+  call goes to tests/infra/github_emulator.py;
 * the repository act reads the workflows from is the test repository checked out at the
   event's SHA (the PR head for `pull_request`, main otherwise), as GitHub would.
 

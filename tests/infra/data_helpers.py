@@ -1,4 +1,4 @@
-"""Helpers shared by the tests/test_data_*.py modules (import as `infra.data_helpers`).
+"""Helpers shared by the data tests (tests/*/test_data_*.py; import as `tests.infra.data_helpers`).
 
 Specs are built from a fully specified dict with `ExperimentSpec.model_validate`, so
 these tests do not depend on the YAML loader; corpora are small slices of the demo
@@ -42,11 +42,10 @@ def demo_sources(weights: dict[str, float] | None = None, root: str = "data/demo
 
 
 def build_small_demo(repo: Path, max_bytes: int = SMALL_DEMO_BYTES) -> Path:
-    from pipelines.dataprep.demo_corpus import build_demo_corpus
+    """`repo/data/demo/`: a copy of the session's one build of the demo corpus at this cap."""
+    from tests.infra.corpus import demo_corpus
 
-    out = repo / "data" / "demo"
-    build_demo_corpus(out, max_bytes)
-    return out
+    return demo_corpus(repo / "data" / "demo", max_bytes)
 
 
 def write_jsonl(path: Path, texts: list[Any], field: str = "text") -> Path:

@@ -1,6 +1,6 @@
-"""The sweep end-to-end scaffolding shared by tests/test_orchestrate_sweep.py,
-tests/test_sweep_slurm.py and bench/bench_sweep_slurm.py: a scratch repository with the tiny
-base and one sweep file, a reporter that records when each training ran and where, and what
+"""The sweep end-to-end scaffolding shared by tests/e2e/test_orchestrate_sweep.py,
+tests/integration/test_sweep_slurm.py and bench/bench_sweep_slurm.py: a scratch repository with
+the tiny base and one sweep file, a reporter that records when each training ran and where, and what
 Slurm says about the job that trained a seed directory."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.orchestrate import ExperimentFlow, Reporter, RunOptions
+from tests.infra.tiny_experiments import BASE
 
 
 class Timed(Reporter):
@@ -35,14 +36,13 @@ class Timed(Reporter):
 def sweep_repo(root: Path, name: str, sweep_yaml: str) -> Path:
     """`root` as a scratch repository: pyproject, tiny-base, experiments/<name>.yaml, a small demo
     corpus. Returns the sweep file."""
-    from pipelines.dataprep.demo_corpus import build_demo_corpus
-    from tests.test_orchestrate_e2e import BASE
+    from tests.infra.corpus import demo_corpus
 
     (root / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
     (root / "experiments").mkdir()
     (root / "experiments" / "tiny-base.yaml").write_text(BASE)
     (root / "experiments" / f"{name}.yaml").write_text(sweep_yaml)
-    build_demo_corpus(root / "data" / "demo", max_bytes=150_000)
+    demo_corpus(root / "data" / "demo", 150_000)
     return root / "experiments" / f"{name}.yaml"
 
 
@@ -75,3 +75,24 @@ def slurm_job(seed_dir: Path) -> dict[str, Any]:
             "starts": starts, "node": starts[0][2] if starts else None, "state": fields.get("JobState"),
             "restarts": int(fields["Restarts"]) if fields.get("Restarts", "").isdigit() else None,
             "node_s": _seconds(fields.get("RunTime", "0:0:0")) * int(fields.get("NumNodes", "1") or 1)}
+
+
+# The 4-trial Slurm sweep of tests/integration/test_sweep_slurm.py and bench/bench_sweep_slurm.py.
+SLURM_SWEEP = """\
+name: tiny-slurm-sweep
+owner: ml-platform
+extends: tiny-base.yaml
+hypothesis:
+  statement: The best of four learning rates trains the tiny model to a lower held-out loss on Slurm.
+  metric: eval/loss
+  direction: decrease
+  min_effect: 0.01
+  baseline: champion
+train: {max_steps: 24, eval_interval: 4, checkpoint_interval: 8}
+resource: {launcher: slurm, nodes: 1, cpu_processes: 1, time_limit_minutes: 10}
+sweep:
+  parameters: {train.lr: [0.006, 0.003, 0.000001, 0.000002]}
+  parallel: 2
+  prune: true
+  reduction_factor: 2
+"""

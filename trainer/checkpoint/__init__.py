@@ -2,7 +2,7 @@
 
   format     the on-disk format, torch-free: file names, MANIFEST.json (write, verify by sha256),
              train_state.json and layout records, listing and choosing checkpoints, retention;
-             what pipelines read (tests/test_spec_layers.py keeps torch out of it)
+             what pipelines read (tests/unit/test_spec_layers.py keeps torch out of it)
   writer     `CheckpointWriter`: the one background thread for asynchronous saves, and the publish
              protocol (manifest last, rename into place, retention, P1 events on failure)
   manager    `CheckpointManager`, held by the loop: save, wait, load, resume and rollback selection

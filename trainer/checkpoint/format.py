@@ -5,7 +5,7 @@ listed file present, of the listed size and sha256); anything else (a `.tmp_*` d
 a step directory without a manifest) is a save that did not finish. The files of each
 layout, the temporary-directory protocol and how resume picks one: docs/checkpoints.md.
 
-Nothing here imports torch or safetensors (tests/test_spec_layers.py checks it), so the
+Nothing here imports torch or safetensors (tests/unit/test_spec_layers.py checks it), so the
 orchestration layer lists, verifies and copies checkpoints without loading a tensor.
 """
 

@@ -1,0 +1,90 @@
+"""The `local` launcher for real: accelerate with 2 CPU processes, cancel, crash and retry.
+
+Runs the real trainer (`python -m trainer`) when it is importable, else the probe in
+`tests/infra/probe_train.py`, which follows the same contract.
+"""
+
+from __future__ import annotations
+
+from pipelines.launchers import Phase, Verdict, get_launcher, handle_for_run, run_with_retries
+from tests.infra.launch_helpers import (
+    USE_TRAINER,
+    checkpoints,
+    make_job,
+    probe_events,
+    probe_ranks,
+    result,
+    training_job,
+    training_started,
+    wait_until,
+)
+
+
+def test_two_processes_really_form_one_process_group(tmp_path):
+    job, _ = make_job(tmp_path, procs=2)
+    launcher = get_launcher("local")
+    lines: list[str] = []
+    state = launcher.wait(launcher.submit(job), on_log=lines.append)
+    assert state.phase is Phase.SUCCEEDED, state
+    ranks = probe_ranks(job.run_dir)
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["world_size"] == 2 and r["allreduce"] == 3.0 for r in ranks)  # 1 + 2 summed across ranks
+    assert any("probe rank 1/2" in line for line in lines)  # streamed to on_log
+    assert "probe rank 0/2" in (job.run_dir / "logs" / "launcher.log").read_text()
+    assert "ready: 0 error(s)" in (job.run_dir / "logs" / "doctor.txt").read_text()
+
+
+def test_two_process_training_finishes(tmp_path):
+    job = training_job(tmp_path, procs=2)
+    launcher = get_launcher("local")
+    handle = launcher.submit(job)
+    # Followed from the saved handle, as `pipeline status RUN` would.
+    assert handle_for_run(job.run_dir).job_id == handle.job_id
+    state = launcher.wait(handle)
+    assert state.ok and state.result_status == "finished", state
+    assert result(job.run_dir)["status"] == "finished"
+    if USE_TRAINER:
+        assert result(job.run_dir)["world_size"] == 2
+
+
+def test_cancel_checkpoints_first_then_stops(tmp_path):
+    job = training_job(tmp_path, procs=2, long=True)
+    launcher = get_launcher("local")
+    handle = launcher.submit(job)
+    wait_until(lambda: training_started(job.run_dir), "the first steps")
+    assert checkpoints(job.run_dir) == []  # no periodic checkpoint is due in this run
+    state = launcher.cancel(handle)
+    assert state.phase is Phase.CANCELLED, state
+    assert checkpoints(job.run_dir), "SIGTERM must leave a checkpoint behind"
+    assert not (job.run_dir / "result.json").exists()
+    if USE_TRAINER:
+        assert "SIGTERM: checkpoint saved" in (job.run_dir / "logs" / "launcher.log").read_text()
+    else:
+        assert {e["rank"] for e in probe_events(job.run_dir) if e["event"] == "sigterm"} == {0, 1}
+
+
+def test_crash_is_retried_and_resumes_from_the_checkpoint(tmp_path):
+    # One process: with two, torchrun gives the surviving peer 30 s to exit before SIGKILL.
+    job = training_job(tmp_path, procs=1, crash=True)
+    lines: list[str] = []
+    outcome = run_with_retries(get_launcher("local"), job, on_log=lines.append)
+    assert outcome.attempts == 2 and outcome.decisions[0].verdict is Verdict.RETRY
+    assert outcome.state.ok, outcome.state
+    assert any("restart 1/2 resumes from the last valid checkpoint" in line for line in lines)
+    if USE_TRAINER:
+        done = result(job.run_dir)
+        assert done["status"] == "finished" and done["resumed_from"].endswith("step_000004")
+    else:
+        starts = [e for e in probe_events(job.run_dir) if e["event"] == "start"]
+        assert [e["resumed_from"] for e in starts] == [None, 2]
+
+
+def test_bad_result_is_not_retried(tmp_path):
+    job, _ = make_job(tmp_path, procs=1)
+    from dataclasses import replace
+
+    job = replace(job, env={"PROBE_RESULT_STATUS": "failed", "PROBE_STEPS": "1"})
+    outcome = run_with_retries(get_launcher("local"), job)
+    assert outcome.attempts == 1
+    assert outcome.decisions[0].verdict is Verdict.GIVE_UP and "bad result" in outcome.decisions[0].reason
+    assert outcome.state.phase is Phase.FAILED and outcome.state.result_status == "failed"

@@ -1,0 +1,632 @@
+"""Preflight: parallel plan, memory and compute estimates, approval tiers, rendering.
+
+Expected figures are computed by hand in each test from the published formulas
+(ZeRO's 16 bytes/parameter, Korthikanti et al. 2022's activations, 6*N*T plus PaLM's
+attention term), written out with literal numbers so a change to the module cannot
+silently move both sides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from validation import preflight
+from validation.capability import EVERY_LAYOUT, ExecutionCapability
+from validation.errors import SpecError
+from validation.preflight import (
+    FRAMEWORK_OVERHEAD_BYTES_CPU,
+    FRAMEWORK_OVERHEAD_BYTES_GPU,
+    GIB,
+    LARGE_TIER_APPROVALS,
+    SMALL_TIER_APPROVALS,
+    SMALL_TIER_MAX_GPU_HOURS,
+    STATE_BYTES,
+    activation_bytes_per_layer,
+    approval_tier,
+    estimate_compute,
+    estimate_memory,
+    render_plan_markdown,
+    render_plan_text,
+)
+from validation.spec import ExperimentSpec, ParallelLayout
+
+
+# The planner is studied over its whole search space (FSDP, TP, PP); what the trainer runs
+# today (`validation.capability.TRAINER`) is tested on its own at the end of the section.
+def plan_parallel(spec: ExperimentSpec, **kwargs: Any) -> preflight.ParallelPlan:
+    return preflight.plan_parallel(spec, **{"capability": EVERY_LAYOUT, **kwargs})
+
+
+def make_plan(spec: ExperimentSpec, **kwargs: Any) -> preflight.Plan:
+    return preflight.make_plan(spec, **{"capability": EVERY_LAYOUT, **kwargs})
+
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 256}
+LLAMA_7B = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_layers": 32,
+    "num_heads": 32,
+    "intermediate_size": 11008,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+LLAMA3_70B = {
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "num_layers": 80,
+    "num_heads": 64,
+    "num_kv_heads": 8,
+    "intermediate_size": 28672,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+}
+H100_NODE = {"gpus_per_node": 8, "gpu_type": "h100", "gpu_memory_gb": 80, "max_gpu_hours": 1000}
+
+
+def make_spec(
+    model: dict[str, Any],
+    *,
+    data: dict[str, Any] | None = None,
+    train: dict[str, Any] | None = None,
+    resource: dict[str, Any] | None = None,
+    parallel: Any = "auto",
+) -> ExperimentSpec:
+    return ExperimentSpec.model_validate(
+        {
+            "name": "preflight-case",
+            "owner": "alice",
+            "hypothesis": {
+                "statement": "Doubling the width lowers the held-out loss on code by two percent.",
+                "metric": "eval/loss",
+                "direction": "decrease",
+                "min_effect": 0.02,
+                "baseline": "base-line",
+            },
+            "model": model,
+            "data": {
+                "sources": [{"name": "code", "path": "data/demo/code.jsonl", "weight": 1.0}],
+                **(data or {}),
+            },
+            "train": {"max_steps": 100, **(train or {})},
+            "resource": resource or {},
+            "parallel": parallel,
+        }
+    )
+
+
+def tiny_cpu_spec(**train: Any) -> ExperimentSpec:
+    return make_spec(
+        TINY_LLAMA,
+        data={"seq_len": 128},
+        train={"micro_batch_size": 8, "grad_accum_steps": 2, "precision": "fp32", **train},
+        resource={"cpu_processes": 2, "gpu_memory_gb": 16},
+    )
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_state_bytes_are_sixteen_per_parameter_for_every_precision():
+    # ZeRO §3.1: mixed precision 2 + 2 + (4 master + 4 m + 4 v); fp32: 4 + 4 + (4 m + 4 v).
+    assert dataclasses.astuple(STATE_BYTES["bf16"]) == (2, 2, 12, "adamw")
+    assert STATE_BYTES["fp16"] == STATE_BYTES["bf16"]
+    assert dataclasses.astuple(STATE_BYTES["fp32"]) == (4, 4, 8, "adamw")
+    assert {name: sb.total for name, sb in STATE_BYTES.items()} == {"bf16": 16, "fp16": 16, "fp32": 16}
+
+
+def test_activation_formula_matches_the_papers_form():
+    # s*b*h*(34 + 5*a*s/h) with s=128, b=8, h=64, a=4: 65536 * (34 + 40) = 4,849,664 bytes.
+    assert activation_bytes_per_layer(128, 8, 64, 4) == 4_849_664
+    s, b, h, a = 2048, 3, 4096, 32
+    assert activation_bytes_per_layer(s, b, h, a) == pytest.approx(s * b * h * (34 + 5 * a * s / h))
+    # Without the stored attention scores only the 34*s*b*h term is left.
+    assert activation_bytes_per_layer(128, 8, 64, 4, store_attention_scores=False) == 34 * 128 * 8 * 64
+
+
+def test_tiny_cpu_memory_by_hand():
+    spec = tiny_cpu_spec()
+    memory = estimate_memory(spec, ParallelLayout(dp=2))
+    params = 123_200  # 256*64 embed + 2 * (4*64*64 attn + 3*64*192 mlp + 2*64 norms) + 64 final norm
+    assert memory.parameters_per_device == params
+    assert memory.sharding_degree == 1
+    assert (memory.weights_bytes, memory.gradients_bytes, memory.optimizer_bytes) == (
+        params * 4,
+        params * 4,
+        params * 8,
+    )
+    # The architecture's saved tensors per token (models/_llama_family.py, measured in
+    # bench/bench_architectures.py): 4h + 4q + 2kv + 4ffn + 2 head_dim + heads elements, fp32,
+    # 2 layers, one micro-batch in flight (pp=1).
+    per_token = 4 * 64 + 4 * 64 + 2 * 64 + 4 * 192 + 2 * 16 + 4
+    assert memory.activations_bytes == 2 * per_token * 128 * 8 * 4 == 11_829_248
+    assert memory.logits_bytes == 128 * 8 * 256 * 8  # seq x micro x vocab x 8 bytes
+    assert memory.overhead_bytes == FRAMEWORK_OVERHEAD_BYTES_CPU == GIB // 2
+    # DDP (dp=2): its gradient buckets are one more fp32 gradient per parameter.
+    assert memory.wrapper_bytes == params * 4
+    total = 123_200 * 20 + 11_829_248 + 2_097_152 + 536_870_912
+    assert memory.total_bytes == total == 553_261_312
+    assert memory.capacity_bytes == 16 * GIB
+    assert memory.fits
+    assert memory.headroom_pct == pytest.approx(100 * (16 * GIB - total) / (16 * GIB))
+
+
+def test_eager_attention_stores_the_score_matrices():
+    spec = make_spec(
+        {**TINY_LLAMA, "attn_implementation": "eager"},
+        data={"seq_len": 128},
+        train={"micro_batch_size": 8, "precision": "bf16"},
+    )
+    memory = estimate_memory(spec, ParallelLayout(dp=1))
+    # eager keeps the softmax output: heads x seq_len more elements per token, bf16 (2 bytes).
+    sdpa = make_spec(TINY_LLAMA, data={"seq_len": 128}, train={"micro_batch_size": 8, "precision": "bf16"})
+    without = estimate_memory(sdpa, ParallelLayout(dp=1)).activations_bytes
+    bf16 = preflight.ACTIVATION_ELEMENT_BYTES["bf16"]  # autocast: a mix of 16- and 32-bit tensors
+    assert memory.activations_bytes - without == int(2 * (4 * 128) * 128 * 8 * bf16)
+
+
+def test_seven_b_on_eight_h100_needs_fsdp():
+    spec = make_spec(
+        LLAMA_7B,
+        data={"seq_len": 4096},
+        train={"micro_batch_size": 1, "grad_accum_steps": 4, "precision": "bf16"},
+        resource=H100_NODE,
+    )
+    assert spec.model.parameter_count() == 6_738_415_616  # the published LLaMA-7B count
+
+    plan = plan_parallel(spec)
+    assert (plan.dp, plan.tp, plan.pp, plan.fsdp) == (8, 1, 1, True)
+    assert plan.rejected and plan.rejected[0].startswith("dp=8 tp=1 pp=1:")
+
+    replicated = estimate_memory(spec, ParallelLayout(dp=8))
+    assert replicated.total_bytes > 80 * GIB  # 16 B x 6.74 B params alone is 100 GiB
+    m = plan.memory
+    shard = 6_738_415_616 // 8  # = 842,301,952 exactly
+    assert m.parameters_per_device == shard
+    assert (m.weights_bytes, m.gradients_bytes, m.optimizer_bytes) == (shard * 2, shard * 2, shard * 12)
+    per_layer = int(spec.model.activation_bytes_per_layer(4096, 1, preflight.ACTIVATION_ELEMENT_BYTES["bf16"]))
+    assert m.activations_bytes == 32 * per_layer
+    assert m.logits_bytes == 4096 * 1 * 32000 * 8
+    assert m.overhead_bytes == FRAMEWORK_OVERHEAD_BYTES_GPU
+    # FSDP's working set: the largest group (a decoder layer, 202M params) unsharded with its
+    # gradients (2 + 2 bytes), plus the next layer's bf16 weights prefetched.
+    layer = spec.model.block_parameters() // 32  # (6,738,415,616 - 2 x 32000 x 4096 - 4096 final norm) / 32
+    assert m.wrapper_bytes == layer * 4 + layer * 2
+    assert m.total_bytes == shard * 16 + layer * 6 + 32 * per_layer + 4096 * 32000 * 8 + GIB
+    assert m.fits and 40 < m.headroom_pct < 65
+
+
+def test_seventy_b_needs_tensor_and_pipeline_parallelism():
+    spec = make_spec(
+        LLAMA3_70B,
+        data={"seq_len": 4096},
+        train={"micro_batch_size": 1, "grad_accum_steps": 4, "precision": "bf16"},
+        resource={**H100_NODE, "nodes": 2},
+    )
+    assert spec.model.parameter_count() == 70_553_706_496  # Llama-3-70B
+    # Two nodes: the trainer's tensor parallelism has no sequence parallelism (10 of Korthikanti's
+    # 34 bytes per s*b*h stay replicated) and leaves the 2.1B embedding parameters unsplit, so no
+    # layout of 16 GPUs holds it (measured agreement: tests/unit/test_preflight_memory.py).
+    with pytest.raises(SpecError, match=r"resource.nodes >= 4 \(32 GPUs\)"):
+        plan_parallel(spec)
+
+    four = make_spec(
+        LLAMA3_70B,
+        data={"seq_len": 4096},
+        train={"micro_batch_size": 1, "grad_accum_steps": 4, "precision": "bf16"},
+        resource={**H100_NODE, "nodes": 4},
+    )
+    plan = plan_parallel(four)
+    # Full sharding alone does not fit; the first layout that does splits layers over 8
+    # pipeline stages and heads over tp=4 (no FSDP needed then).
+    assert (plan.dp, plan.tp, plan.pp, plan.fsdp) == (1, 4, 8, False)
+    assert plan.rejected[1].startswith("dp=32 tp=1 pp=1 fsdp:")
+    # 10 layers per stage x (5 replicated elements + the rest / tp) x 4 micro-batches (1F1B).
+    bf16 = preflight.ACTIVATION_ELEMENT_BYTES["bf16"]
+    full = int(four.model.activation_bytes_per_layer(4096, 1, bf16))
+    unsplit = int(5 * bf16 * 4096 * 8192)
+    assert plan.memory.activations_bytes == 10 * (unsplit + -(-(full - unsplit) // 4)) * 4
+    fsdp_only = estimate_memory(four, ParallelLayout(dp=32, fsdp=True))
+    assert not fsdp_only.fits
+    assert plan.layout() == ParallelLayout(dp=1, tp=4, pp=8, fsdp=False)
+
+def test_pipeline_stages_when_heads_forbid_tensor_parallelism():
+    # One KV head (multi-query attention): tp must divide it, so only pp can split activations.
+    model = {**LLAMA_7B, "num_kv_heads": 1, "max_position_embeddings": 16384}
+    common = {"data": {"seq_len": 16384}, "resource": H100_NODE}
+    spec = make_spec(
+        model, train={"micro_batch_size": 1, "grad_accum_steps": 1, "precision": "bf16"}, **common
+    )
+    plan = plan_parallel(spec)
+    assert (plan.dp, plan.tp, plan.pp, plan.fsdp) == (4, 1, 2, True)
+    per_layer = int(spec.model.activation_bytes_per_layer(16384, 1, preflight.ACTIVATION_ELEMENT_BYTES["bf16"]))
+    assert plan.memory.activations_bytes == (32 // 2) * per_layer  # 16 layers, 1 in flight
+
+    # With 2 micro-batches per step a 1F1B first stage holds 2 in flight, so pp=2 no
+    # longer halves activations and the planner needs pp=4.
+    spec2 = make_spec(
+        model, train={"micro_batch_size": 1, "grad_accum_steps": 2, "precision": "bf16"}, **common
+    )
+    plan2 = plan_parallel(spec2)
+    assert (plan2.tp, plan2.pp) == (1, 4)
+    assert plan2.memory.activations_bytes == (32 // 4) * per_layer * 2
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_nothing_fits_says_what_to_change_at_the_located_field():
+    spec = make_spec(
+        LLAMA3_70B,
+        data={"seq_len": 4096},
+        train={"micro_batch_size": 1, "grad_accum_steps": 4, "precision": "bf16"},
+        resource=H100_NODE,
+    )
+    seen: list[str] = []
+
+    def locate(field_path: str) -> tuple[str, int, int]:
+        seen.append(field_path)
+        return ("experiments/big.yaml", 31, 3)
+
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec, locate=locate)
+    (issue,) = info.value.issues
+    assert (issue.file, issue.line, issue.col, issue.field) == (
+        "experiments/big.yaml",
+        31,
+        3,
+        "resource.gpu_memory_gb",
+    )
+    assert seen == ["resource.gpu_memory_gb"]
+    assert "no parallel layout fits 8 x 80 GiB" in issue.message
+    # The executor's TP (no sequence parallelism, embeddings not split) needs 4 nodes, see
+    # test_seventy_b_needs_tensor_and_pipeline_parallelism.
+    assert "resource.nodes >= 4 (32 GPUs)" in issue.message
+    assert str(info.value).startswith("experiments/big.yaml:31:3: resource.gpu_memory_gb: ")
+    assert info.value.exit_code == 2
+
+
+def test_default_location_is_the_spec_placeholder():
+    spec = make_spec(LLAMA_7B, resource={"cpu_processes": 1, "gpu_memory_gb": 16})
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec)
+    (issue,) = info.value.issues
+    assert (issue.file, issue.line) == ("<spec>", 1)
+    assert "a CPU process cannot hold it" in issue.message
+
+
+def test_suggests_the_largest_micro_batch_that_fits():
+    spec = make_spec(
+        TINY_LLAMA,
+        data={"seq_len": 8192},
+        train={"micro_batch_size": 64, "precision": "fp32"},
+        resource={"gpu_memory_gb": 1},
+    )
+    # Per row: 2 layers x the architecture's fp32 activations + s*vocab*8 logits; 0.5 GiB
+    # overhead; the states (123,200 x 16 bytes) also have to fit.
+    per_row = 2 * spec.model.activation_bytes_per_layer(8192, 1, 4) + 8192 * 256 * 8
+    largest = (GIB - GIB // 2 - 123_200 * 16) // per_row
+    assert largest == 4
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec)
+    assert f"train.micro_batch_size <= {largest} " in info.value.issues[0].message
+    smaller = make_spec(
+        TINY_LLAMA,
+        data={"seq_len": 8192},
+        train={"micro_batch_size": largest, "precision": "fp32"},
+        resource={"gpu_memory_gb": 1},
+    )
+    assert plan_parallel(smaller).memory.fits
+
+
+def test_explicit_layout_reports_every_divisibility_problem_at_once():
+    spec = make_spec(
+        TINY_LLAMA, resource={"gpus_per_node": 8, "gpu_type": "a100"}, parallel={"dp": 1, "tp": 3, "pp": 3}
+    )
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec)
+    found = [(i.field, i.message) for i in info.value.issues]
+    # The same checks, in the same words, as `pipeline validate` (validation.rules).
+    assert [f for f, _ in found] == ["parallel.tp", "parallel.tp", "parallel.pp", "parallel.dp"]
+    assert "tp=3 must divide model.num_heads (4)" in found[0][1]
+    assert "tp=3 must divide resource.gpus_per_node (8)" in found[1][1]
+    assert "pp=3 must divide model.num_layers (2)" in found[2][1]
+    assert "dp*tp*pp = 1*3*3 = 9 must equal the world size" in found[3][1]
+
+
+def test_explicit_tensor_parallel_on_cpu_is_refused():
+    spec = make_spec(TINY_LLAMA, resource={"cpu_processes": 2}, parallel={"dp": 1, "tp": 2})
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec)
+    (issue,) = info.value.issues
+    assert issue.field == "parallel.tp" and "not executable on CPU processes" in issue.message
+
+
+def test_the_capability_limits_the_search_and_the_explicit_layouts():
+    # A trainer that runs data parallelism only: auto never picks FSDP/TP/PP for it...
+    dp_only = ExecutionCapability(gpu=frozenset({"dp"}), cpu=frozenset({"dp"}))
+    spec = make_spec(LLAMA_7B, resource={"gpus_per_node": 8, "gpu_type": "h100", "gpu_memory_gb": 80})
+    assert plan_parallel(spec).fsdp  # the planner alone would shard (see the 7B test above)
+    with pytest.raises(SpecError) as info:
+        preflight.plan_parallel(spec, capability=dp_only)
+    assert "no parallel layout fits" in info.value.issues[0].message
+    # ...and an explicit layout outside what the trainer runs (`TRAINER`, the default) is
+    # refused at its field, saying what to change.
+    explicit = make_spec(TINY_LLAMA, resource={"gpus_per_node": 2, "gpu_type": "a100"}, parallel={"dp": 1, "pp": 2})
+    with pytest.raises(SpecError) as info:
+        preflight.plan_parallel(explicit, locate=lambda f: ("experiments/x.yaml", 30, 3))
+    (issue,) = info.value.issues
+    assert (issue.file, issue.line, issue.field) == ("experiments/x.yaml", 30, "parallel.pp")
+    assert "set pp: 1 with dp = the world size, or parallel: auto" in issue.message
+
+
+def test_tp_divisibility_agrees_with_validate():
+    # Regression: preflight and the rules once disagreed on gpt2's kv heads; both now ask the
+    # architecture (`tp_problem`), and gpt2 (fused qkv) declares no tensor-parallel plan.
+    gpt2 = {"model_type": "gpt2", "hidden_size": 64, "num_layers": 2, "num_heads": 8, "vocab_size": 256}
+    spec = make_spec(gpt2, resource={"gpus_per_node": 4, "gpu_type": "a100"}, parallel={"dp": 1, "tp": 4})
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec)
+    assert [i.field for i in info.value.issues] == ["parallel.tp"]
+    assert "declares no tensor-parallel plan" in info.value.issues[0].message
+    llama = make_spec({**gpt2, "model_type": "llama", "num_kv_heads": 2}, resource={"gpus_per_node": 4, "gpu_type": "a100"},
+                      parallel={"dp": 1, "tp": 4})
+    with pytest.raises(SpecError) as info:
+        plan_parallel(llama)
+    assert [i.message for i in info.value.issues] == ["tp=4 must divide model.num_kv_heads (2)"]
+
+
+def test_explicit_layout_is_verified_and_estimated():
+    spec = make_spec(
+        TINY_LLAMA, resource={"gpus_per_node": 8, "gpu_type": "a100"}, parallel={"dp": 2, "tp": 2, "pp": 2}
+    )
+    plan = plan_parallel(spec)
+    assert plan.chosen_by == "explicit"
+    assert (plan.dp, plan.tp, plan.pp, plan.fsdp, plan.world_size) == (2, 2, 2, False, 8)
+    assert plan.memory.sharding_degree == 4
+    # tp splits the decoder layers only (as trainer/parallel.py does); the tied embedding and the
+    # final norm are whole.
+    embedding = 256 * 64 + 64
+    assert plan.memory.parameters_per_device == ((123_200 - embedding) // 2 + embedding) // 2
+
+
+def test_explicit_layout_that_does_not_fit_names_one_that_does():
+    spec = make_spec(
+        LLAMA_7B,
+        data={"seq_len": 4096},
+        train={"micro_batch_size": 1, "precision": "bf16"},
+        resource=H100_NODE,
+        parallel={"dp": 8},
+    )
+    with pytest.raises(SpecError) as info:
+        plan_parallel(spec)
+    (issue,) = info.value.issues
+    assert issue.field == "resource.gpu_memory_gb"
+    assert "layout dp=8 tp=1 pp=1 needs" in issue.message
+    assert "dp=8 tp=1 pp=1 fsdp fits" in issue.message
+
+
+def test_auto_honours_the_requested_global_batch():
+    # 8 GPUs but global batch 4 x 1 x dp = 16 only for dp=4: the planner must not pick dp=8.
+    spec = make_spec(
+        TINY_LLAMA,
+        train={"micro_batch_size": 4, "global_batch_size": 16},
+        resource={"gpus_per_node": 8, "gpu_type": "a100"},
+    )
+    plan = plan_parallel(spec)
+    assert plan.dp == 4 and plan.dp * plan.tp * plan.pp == 8
+
+
+# --------------------------------------------------------------------------- divisibility (property)
+
+DIVISIBLE_HEADS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 64]
+
+
+@st.composite
+def auto_specs(draw: st.DrawFn) -> ExperimentSpec:
+    heads = draw(st.sampled_from(DIVISIBLE_HEADS))
+    kv = draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0]))
+    head_dim = draw(st.sampled_from([16, 64, 128]))
+    model_type = draw(st.sampled_from(["llama", "qwen2", "gpt2"]))
+    model = {
+        "model_type": model_type,
+        "hidden_size": heads * head_dim,
+        "num_layers": draw(st.integers(1, 96)),
+        "num_heads": heads,
+        **({} if model_type == "gpt2" else {"num_kv_heads": kv}),
+        "vocab_size": draw(st.sampled_from([256, 32000, 128256])),
+        "max_position_embeddings": 8192,
+    }
+    gpus = draw(st.sampled_from([0, 1, 2, 4, 6, 8]))
+    resource = {
+        "nodes": draw(st.integers(1, 4)),
+        "gpus_per_node": gpus,
+        "cpu_processes": draw(st.integers(1, 4)),
+        "gpu_type": "h100" if gpus else "cpu",
+        "gpu_memory_gb": draw(st.sampled_from([1, 8, 24, 80])),
+    }
+    train = {
+        "micro_batch_size": draw(st.integers(1, 8)),
+        "grad_accum_steps": draw(st.integers(1, 8)),
+        "precision": draw(st.sampled_from(["bf16", "fp32"])),
+    }
+    return make_spec(
+        model, data={"seq_len": draw(st.sampled_from([128, 1024, 4096]))}, train=train, resource=resource
+    )
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(auto_specs())
+def test_auto_plans_always_honour_divisibility(spec: ExperimentSpec):
+    try:
+        plan = plan_parallel(spec)
+    except SpecError as error:
+        assert error.issues[0].field == "resource.gpu_memory_gb"
+        assert "no parallel layout fits" in error.issues[0].message
+        return
+    model, resource = spec.model, spec.resource
+    kv = model.kv_heads
+    assert plan.tp == 1 or model.tensor_parallel_plan()  # gpt2 declares no TP plan
+    assert plan.dp * plan.tp * plan.pp == resource.world_size == plan.world_size
+    assert model.num_heads % plan.tp == 0 and kv % plan.tp == 0
+    assert model.num_layers % plan.pp == 0
+    assert plan.memory.fits
+    if resource.gpus_per_node:
+        assert resource.gpus_per_node % plan.tp == 0
+    else:
+        assert (plan.tp, plan.pp, plan.fsdp) == (1, 1, False)
+    if plan.tp > 1 or plan.pp > 1 or plan.fsdp:
+        # Never more machinery than needed: plain DP was tried first and did not fit.
+        assert not estimate_memory(spec, ParallelLayout(dp=resource.world_size)).fits
+
+
+# --------------------------------------------------------------------------- compute
+
+
+def test_tiny_cpu_compute_by_hand():
+    spec = tiny_cpu_spec()
+    compute = estimate_compute(spec, ParallelLayout(dp=2))
+    tokens = 100 * (8 * 2 * 2) * 128  # steps x (micro x accum x dp) x seq_len
+    assert (compute.steps, compute.global_batch, compute.tokens) == (100, 32, tokens)
+    matmul = 123_200 - (2 * 2 * 64 + 64)  # norm weights are not matmuls (models/_llama_family.py)
+    assert compute.model_flops == 6 * matmul * tokens
+    assert compute.attention_flops == 12 * 2 * 64 * 128 * tokens
+    # A CPU process is estimated at one thread's peak (validation.flops: 0.16 TFLOPS per thread).
+    assert (compute.peak_tflops_per_device, compute.peak_source) == (0.16, "cpu:per-thread")
+    expected_wall = (6 * matmul + 12 * 2 * 64 * 128) * tokens / (2 * 0.16e12 * 0.35)
+    assert compute.wall_seconds == pytest.approx(expected_wall)
+    assert compute.gpu_hours == 0.0 and compute.device_hours == pytest.approx(expected_wall * 2 / 3600)
+    assert compute.fits_time_limit
+
+
+def test_token_budget_becomes_steps_with_the_global_batch():
+    spec = tiny_cpu_spec(max_steps=None, token_budget=1_000_000)
+    compute = estimate_compute(spec, ParallelLayout(dp=2))
+    assert compute.steps == math.ceil(1_000_000 / (32 * 128)) == 245
+    assert compute.tokens == 245 * 32 * 128
+
+
+def test_peak_comes_from_the_table_or_the_spec():
+    gpu = {"gpus_per_node": 1, "gpu_memory_gb": 80}
+    bf16 = make_spec(TINY_LLAMA, train={"precision": "bf16"}, resource={**gpu, "gpu_type": "a100"})
+    assert estimate_compute(bf16, ParallelLayout()).peak_tflops_per_device == 312.0
+    fp32 = make_spec(TINY_LLAMA, train={"precision": "fp32"}, resource={**gpu, "gpu_type": "h100"})
+    assert estimate_compute(fp32, ParallelLayout()).peak_tflops_per_device == 989.0 / 2
+    given_peak = make_spec(TINY_LLAMA, resource={**gpu, "gpu_type": "mi250", "peak_tflops": 191.5})
+    compute = estimate_compute(given_peak, ParallelLayout())
+    assert (compute.peak_tflops_per_device, compute.peak_source) == (191.5, "resource.peak_tflops")
+
+
+def test_unknown_gpu_type_without_peak_is_a_spec_error():
+    spec = make_spec(TINY_LLAMA, resource={"gpus_per_node": 1, "gpu_type": "rtx4090"})
+    with pytest.raises(SpecError) as info:
+        estimate_compute(spec, ParallelLayout(), locate=lambda f: ("experiments/x.yaml", 40, 5))
+    (issue,) = info.value.issues
+    assert (issue.field, issue.line) == ("resource.peak_tflops", 40)
+    assert "rtx4090" in issue.message and "set resource.peak_tflops" in issue.message
+
+
+def test_pipeline_bubble_lengthens_the_wall_time():
+    spec = make_spec(
+        TINY_LLAMA, train={"grad_accum_steps": 4}, resource={"gpus_per_node": 2, "gpu_type": "l4"}
+    )
+    flat = estimate_compute(spec, ParallelLayout(dp=2))
+    piped = estimate_compute(spec, ParallelLayout(dp=1, pp=2))
+    assert piped.pipeline_bubble == 1 + (2 - 1) / 4
+    # Same devices, half the global batch (dp=1), and the bubble on top.
+    assert piped.wall_seconds == pytest.approx(flat.wall_seconds / 2 * 1.25)
+
+
+# --------------------------------------------------------------------------- tiers
+
+
+def _gpu_compute_with_hours(hours: float, world: int = 8):
+    spec = make_spec(TINY_LLAMA, resource={"gpus_per_node": world, "gpu_type": "h100", "max_gpu_hours": 8})
+    base = estimate_compute(spec, ParallelLayout(dp=world))
+    return dataclasses.replace(base, wall_seconds=hours * 3600 / world), spec.resource
+
+
+def test_tier_boundaries_are_inclusive():
+    assert SMALL_TIER_MAX_GPU_HOURS == 1.0
+    compute, resource = _gpu_compute_with_hours(1.0)
+    assert compute.gpu_hours == 1.0
+    tier = approval_tier(compute, resource)
+    assert (tier.name, tier.required_approvals) == ("small", SMALL_TIER_APPROVALS)
+
+    compute, resource = _gpu_compute_with_hours(1.0001)
+    tier = approval_tier(compute, resource)
+    assert (tier.name, tier.required_approvals) == ("large", LARGE_TIER_APPROVALS)
+
+    compute, resource = _gpu_compute_with_hours(8.0)  # exactly max_gpu_hours
+    assert approval_tier(compute, resource).name == "large"
+
+    compute, resource = _gpu_compute_with_hours(8.01)
+    tier = approval_tier(compute, resource)
+    assert (tier.name, tier.required_approvals) == ("refused", None)
+    assert "exceeds resource.max_gpu_hours (8)" in tier.reason
+
+
+def test_cpu_runs_are_small_however_long():
+    spec = tiny_cpu_spec()
+    compute = dataclasses.replace(estimate_compute(spec, ParallelLayout(dp=2)), wall_seconds=10_000 * 3600)
+    tier = approval_tier(compute, spec.resource)
+    assert (tier.name, tier.required_approvals) == ("small", 1)
+
+
+# --------------------------------------------------------------------------- plan + rendering
+
+
+def test_make_plan_is_json_safe_and_renders():
+    spec = make_spec(
+        LLAMA_7B,
+        data={"seq_len": 4096},
+        train={"micro_batch_size": 1, "grad_accum_steps": 4, "precision": "bf16", "max_steps": 1000},
+        resource={**H100_NODE, "time_limit_minutes": 30},
+    )
+    plan = make_plan(spec)
+    data = json.loads(json.dumps(plan.to_dict(), allow_nan=False))
+    assert data["parallel"] == {
+        "dp": 8,
+        "tp": 1,
+        "pp": 1,
+        "fsdp": True,
+        "world_size": 8,
+        "devices_per_node": 8,
+        "on_gpu": True,
+        "chosen_by": "auto",
+        "rejected": list(plan.parallel.rejected),
+    }
+    assert data["memory"]["total_bytes"] == plan.memory.total_bytes
+    assert data["compute"]["tokens"] == 1000 * 32 * 4096
+    assert data["tier"]["name"] == "large"
+    assert data["spec_hash"] == spec.spec_hash()
+    # 6.1e18 FLOPs at 989 TF x 0.35 on 8 GPUs is ~37 min: over the 30 min limit.
+    assert not plan.compute.fits_time_limit
+    assert any("time_limit_minutes (30)" in w for w in plan.warnings)
+
+    text = render_plan_text(plan)
+    assert text.startswith("plan: preflight-case")
+    for needle in ("dp=8 tp=1 pp=1 fsdp (auto)", "6.74 B", "of 80.0 GiB", "tier", "large: 2 approval(s)"):
+        assert needle in text
+    markdown = render_plan_markdown(plan)
+    assert "| layout | dp=8 tp=1 pp=1 fsdp (auto) |" in markdown
+    assert "| memory/device |" in markdown and "- :warning: estimated wall time" in markdown
+    cmarkgfm = pytest.importorskip("cmarkgfm")
+    html = cmarkgfm.github_flavored_markdown_to_html(markdown)
+    table_rows = len(text.splitlines()) - 1 - len(plan.warnings)  # minus title and warning lines
+    assert html.count("<tr>") == 1 + table_rows  # the header row + the same rows as the text table
+
+
+def test_plan_for_tiny_cpu_spec_is_small():
+    plan = make_plan(tiny_cpu_spec())
+    assert (plan.parallel.dp, plan.parallel.on_gpu, plan.tier.name) == (2, False, "small")
+    assert plan.warnings == ()
+    assert "0 (CPU)" in render_plan_text(plan)
