@@ -113,13 +113,14 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("junit", type=Path, help="JUnit XML written by pytest --junitxml")
     parser.add_argument("--update", action="store_true", help="write this run's durations as the ledger")
+    parser.add_argument("--how", default="make test", help="with --update: how the run was made (workers, load)")
     args = parser.parse_args(argv)
     if not args.junit.is_file():
         print(f"test_budget: {args.junit}: no such file (run `make test` first)", file=sys.stderr)
         return 2
     measured = read_junit(args.junit)
     if args.update:
-        payload = {"machine": machine(), "measured": date.today().isoformat(),
+        payload = {"machine": machine(), "measured": date.today().isoformat(), "how": args.how,
                    "tests": {k: round(v, 2) for k, v in sorted(measured.items())}}
         tmp = LEDGER.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")

@@ -8,6 +8,13 @@ edited: `validation/` builds the spec's `model` and `train.optimizer` unions fro
 finds here, `trainer/` asks the file how to build, shard, initialise and export the model.
 Files whose name starts with `_` are helpers, not plug-ins. See docs/architectures.md.
 
+Files: this module is the contract (`Architecture`, `OptimizerConfig`) and the discovery of
+plug-ins. Helpers: `_hf` (the shared half of the architectures built with transformers: build
+from config, blocks, HF initialisation, export), `_llama_family` (the Llama-shaped decoders
+llama, qwen2, mistral and llama_qknorm share). Architectures: `gpt2`, `llama`, `qwen2`,
+`mistral` (stock transformers models), `llama_qknorm` (Llama with QK-norm and a gated
+attention output), `nanogpt` (plain PyTorch, no transformers). Optimizers: `optimizers/`.
+
 The contract, in two halves (torchtitan's TrainSpec and levanter's registered LmConfig):
 
 torch-free (read by `pipeline validate` and `plan`, which must not import torch, so the

@@ -3,6 +3,16 @@
 Pure core (`compare`, `verdict`, `make_report`, `render_markdown`, `render_status`) and
 thin adapters (`record_from_run_dir`, `records_from_mlflow`, `build_report`, plots).
 Nothing heavy is imported here: scipy, matplotlib and mlflow load inside the functions.
+
+  records    `RunRecord`, from a run directory or from MLflow: all the report reads about a run
+  compare    candidate vs baseline paired by seed: per-seed log ratios, t-intervals (`Comparison`)
+  verdict    supported, refuted or inconclusive, with its reason (one-sided paired t-test)
+  prereg     preregistration: the hypothesis frozen into a run's record when its training starts
+  identical  a candidate identical to its baseline (A/A): no training, no verdict, no tags
+  report     `Report`: comparison, verdict, diffs, cost, alerts and fairness warnings (pure)
+  render     markdown for the sticky PR comment and the step summary (pure)
+  plots      PNG plots of the curves (matplotlib, Agg), saved next to report.md
+  publish    `build_report`: runs in, `report/{report.md, result.json, *.png}` out (the adapter)
 """
 
 from reports.compare import Comparison, MetricComparison, compare

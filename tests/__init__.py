@@ -1,0 +1,1 @@
+"""Tests by tier; see tests/conftest.py's docstring."""

@@ -90,12 +90,17 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test gets its tier's marker; the tests of the one Slurm cluster run on one xdist
-    worker (`--dist loadgroup`); `gpu` tests run only where CUDA is available."""
+    """Each test gets its tier's marker; `gpu` tests run only where CUDA is available.
+
+    On xdist workers (`make test`: `-n 2 --dist loadgroup`) a module's tests stay together and in
+    order on one worker, as in one process (module fixtures are built once and shared), and every
+    module that uses the one Slurm cluster runs on the same worker."""
     tiers.mark_by_directory(items)
+    slurm_modules = {item.nodeid.split("::")[0] for item in items
+                     if "slurm_cluster" in getattr(item, "fixturenames", ())}
     for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+        module = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("slurm" if module in slurm_modules else module))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return

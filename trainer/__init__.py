@@ -17,6 +17,28 @@ decisions of its own. Modules:
               2-process half: `pipelines.layout_probe`)
   lm_eval_scoring  `eval.tasks` scored with lm-evaluation-harness on the exported model, rank 0
   batches     packed, mixture-weighted training rows and eval rows from prepared data (numpy arrays)
+  step        one optimizer step: accumulation micro-batches, loss weighted over the global token
+              count, clip, AdamW; out-of-memory and SIGTERM decided by all ranks together
+  step_metrics  per-step loss and grad norm kept on the device, read once per log interval;
+              a fused AdamW skips a non-finite step without a host read
+  state       the loop's small mutable state: `TrainState` (what a checkpoint carries besides
+              tensors) and `StepResult` (one step's outcome)
+  evaluation  held-out loss and bits per byte per source and pooled, on an eval set fixed per
+              data version and `seq_len` (whatever the layout)
+  collectives  the few collectives the trainer uses, each a no-op on one process; every
+              decision that depends on one rank's observation goes through them
+  parallel    `Topology` (data x tensor parallel), `make_accelerator` (with the FSDP-on-CPU patch),
+              FSDP2 / TP model materialised shard by shard from the meta device
+  measure     what an architecture declares, measured: parameters on the meta device, FLOPs on
+              fake tensors (refusing uncounted ops), saved activations of one block
+  record      the run record, pure functions: MLflow tags and params, result.json
+  runlock     one writer per run directory (a `flock` per rank, `live_ranks`), ranks that die
+              with their launcher (parent-death signal)
+  diskfull    ENOSPC as `DiskSpaceError`: a clear message, exit code `disk-space`, never retried
+  host_memory  glibc allocator thresholds (`mallopt`) so CPU training keeps freed activation
+              memory in the heap instead of faulting in fresh pages every step
+  faults      fault injection for tests as a null object: `FaultPlan` never fires,
+              `InjectedFaults` reads the TRAINER_INJECT_* / TRAINER_FAULT_* variables
 
 Importing this package is free: heavy imports happen inside the modules that need them.
 """

@@ -2,4 +2,16 @@
 
 Import the submodules directly (`from pipelines.github.comment import StickyComment`);
 this package imports nothing heavy so `pipeline --help` stays fast.
+
+  client      the code host behind small Protocols: PyGithub for GitHub, a file for dry runs;
+              retry policy (idempotent methods only), rate limits
+  comment     `StickyComment`: one comment per PR and experiment, updated in place, with its state
+  events      webhook payloads (`$GITHUB_EVENT_PATH`) parsed into small typed events (pure)
+  chatops     `/train`, `/cancel`, `/retry` in PR comments: parsed as GitHub renders them, who may
+              trigger asked of the API, bound to the validated head SHA
+  promote     promotion on merge: the gates (pure) and the MLflow registry move
+  provenance  trusted attestations of training runs, written by the default branch's `attest` job
+              and the only thing promotion reads
+  runners     self-hosted runners: capacity before a launch, listing, pruning offline ones
+  ephemeral-runner.sh  one just-in-time runner for the length of one job (e.g. as a Slurm job)
 """

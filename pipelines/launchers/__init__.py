@@ -11,6 +11,17 @@ outcome = run_with_retries(launcher, job, on_log=print)   # relaunch after crash
 A handle is saved to `RUN/launch.json`; `handle_for_run(run_dir)` finds it again from another
 process (`pipeline status RUN`, `pipeline cancel RUN`, a detached Slurm job), `running_job(run_dir)`
 only while that job has not ended, and `cancel_quietly(run_dir)` stops it as best it can.
+
+  interface  what every launcher speaks: `LaunchJob`, `LaunchHandle` (`RUN/launch.json`), `JobState`,
+             the `Launcher` protocol
+  local      `local`: `accelerate launch` with N processes on this host; rank locks, grace, cancel
+  static     `static`: one node of a multi-node job meeting at a fixed rendezvous endpoint
+  slurm      `slurm`: the sbatch script, `srun` on every node, polling `scontrol`, requeue
+  commands   the `accelerate launch` command line for one machine of a job (pure)
+  follow     the loop behind every launcher's `wait`: poll, tail the logs, time limits
+  logtail    `LogTail`: follow log files under `RUN/logs/` line by line as they grow
+  retry      process-level retry: which endings are relaunched (`classify`, `run_with_retries`)
+  supervise  the in-job retry loop of a Slurm batch script (`python -m pipelines.launchers.supervise`)
 """
 
 from __future__ import annotations

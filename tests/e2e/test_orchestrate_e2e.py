@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,12 +40,21 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_run_trains_baseline_then_candidate_and_reports(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(repo / "runs"))
+@pytest.fixture(scope="module")
+def first_run(repo: Path) -> tuple[Recorder, Any, Any]:
+    """The first `pipeline run` of tiny-lr in `repo` (PR 42): what it recorded, the candidate and the
+    baseline. A fixture, so a test that needs the finished first run gets it alone or in any order."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PIPELINE_RUNS_DIR", str(repo / "runs"))
+        rec = Recorder()
+        flow = ExperimentFlow(repo, RunOptions(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}", pr=42), rec)
+        candidate, baseline = flow.run(repo / "experiments" / "tiny-lr.yaml")
+    return rec, candidate, baseline
+
+
+def test_run_trains_baseline_then_candidate_and_reports(repo: Path, first_run: tuple[Recorder, Any, Any]) -> None:
     uri = f"sqlite:///{repo / 'mlflow.db'}"
-    rec = Recorder()
-    flow = ExperimentFlow(repo, RunOptions(tracking_uri=uri, pr=42), rec)
-    candidate, baseline = flow.run(repo / "experiments" / "tiny-lr.yaml")
+    rec, candidate, baseline = first_run
 
     assert baseline is not None and baseline.spec.name == "tiny-base"
     # The baseline's stages all ran before the candidate's.
@@ -85,7 +95,8 @@ def test_run_trains_baseline_then_candidate_and_reports(repo: Path, monkeypatch:
         assert "eval/loss" in runs[0].data.metrics
 
 
-def test_second_run_is_all_cached_and_other_candidate_reuses_baseline(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_second_run_is_all_cached_and_other_candidate_reuses_baseline(
+        repo: Path, first_run: tuple[Recorder, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIPELINE_RUNS_DIR", str(repo / "runs"))
     uri = f"sqlite:///{repo / 'mlflow.db'}"
     rec = Recorder()
