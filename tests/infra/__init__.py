@@ -17,4 +17,8 @@
   github_markdown   Markdown as GitHub shows it (`cmarkgfm`, raw HTML, the GFM tag filter)
   act_scene         a pull request on an emulated repository, ready for nektos/act (`Scene`)
   workflow_runner   an emulated GitHub Actions runner, for per-job tokens (which act cannot do)
+  eval_task_repo    a scratch repository whose base experiment scores a local lm-eval task
+  layout_specs      the layout-continuation tests' tiny YAML template, its three layouts, a scratch repository
+  tokenizer_fit_repo  a scratch repository with a local tokenizer beside a model vocabulary of another size
+  model_variants    tiny configurations of each architecture and the variants that change counts or FLOPs
 """
