@@ -118,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.junit.is_file():
         print(f"test_budget: {args.junit}: no such file (run `make test` first)", file=sys.stderr)
         return 2
-    measured = read_junit(args.junit)
+    try:
+        measured = read_junit(args.junit)
+    except ET.ParseError as exc:
+        print(f"test_budget: {args.junit}: not a JUnit XML file ({exc})", file=sys.stderr)
+        return 2
     if args.update:
         payload = {"machine": machine(), "measured": date.today().isoformat(), "how": args.how,
                    "tests": {k: round(v, 2) for k, v in sorted(measured.items())}}

@@ -66,3 +66,5 @@ def test_update_writes_the_ledger_atomically(tmp_path: Path, monkeypatch: pytest
     assert ledger["tests"] == {"tests.unit.test_a::test_x": 0.25} and "CPUs" in ledger["machine"]
     assert budget.main([str(junit)]) == 0
     assert budget.main([str(tmp_path / "missing.xml")]) == 2
+    (tmp_path / "cut.xml").write_text("<testsuites><testsuite")  # a run killed while writing it
+    assert budget.main([str(tmp_path / "cut.xml")]) == 2
