@@ -3,6 +3,7 @@
 
     python .ci/test_budget.py JUNIT.xml             check; print tiers and the slowest tests
     python .ci/test_budget.py JUNIT.xml --update    record this run as the ledger
+    python .ci/test_budget.py JUNIT.xml --merge     add or refresh this run's tests in the ledger
 
 The ledger, `tests/durations.json`, holds every test's measured duration (setup + call +
 teardown) and the machine it was measured on. A test that is not in it is *new*: each new test
@@ -108,11 +109,21 @@ def check(measured: dict[str, float], ledger: dict[str, float]) -> tuple[list[st
     return lines, failures, warnings
 
 
+def _test_file_exists(key: str) -> bool:
+    """Whether the module a ledger key names (`tests.unit.test_x::name`) is still a file."""
+    parts = key.split("::", 1)[0].split(".")
+    root = LEDGER.parents[1]
+    return any((root / ("/".join(parts[:n]) + ".py")).is_file() for n in range(len(parts), 0, -1))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("junit", type=Path, help="JUnit XML written by pytest --junitxml")
     parser.add_argument("--update", action="store_true", help="write this run's durations as the ledger")
+    parser.add_argument("--merge", action="store_true",
+                        help="like --update, but keep the ledger's other tests (a run of some tests only), "
+                             "and drop entries whose test file no longer exists")
     parser.add_argument("--how", default="make test", help="with --update: how the run was made (workers, load)")
     args = parser.parse_args(argv)
     if not args.junit.is_file():
@@ -123,13 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     except ET.ParseError as exc:
         print(f"test_budget: {args.junit}: not a JUnit XML file ({exc})", file=sys.stderr)
         return 2
-    if args.update:
-        payload = {"machine": machine(), "measured": date.today().isoformat(), "how": args.how,
-                   "tests": {k: round(v, 2) for k, v in sorted(measured.items())}}
+    if args.update or args.merge:
+        tests = {k: round(v, 2) for k, v in measured.items()}
+        how = args.how
+        if args.merge and LEDGER.is_file():
+            old = json.loads(LEDGER.read_text(encoding="utf-8"))
+            kept = {k: v for k, v in old["tests"].items() if k not in tests and _test_file_exists(k)}
+            tests = {**kept, **tests}
+            how = f"{old.get('how', '')}; merged {len(measured)} tests: {args.how}"
+        payload = {"machine": machine(), "measured": date.today().isoformat(), "how": how,
+                   "tests": dict(sorted(tests.items()))}
         tmp = LEDGER.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
         tmp.replace(LEDGER)
-        print(f"test_budget: recorded {len(measured)} tests in {LEDGER}")
+        print(f"test_budget: recorded {len(measured)} tests in {LEDGER} ({len(tests)} in all)")
         return 0
     ledger = json.loads(LEDGER.read_text(encoding="utf-8"))["tests"] if LEDGER.is_file() else {}
     lines, failures, warnings = check(measured, ledger)

@@ -141,6 +141,29 @@ class Architecture(PluginSection):
     def parameter_count(self) -> int:
         raise NotImplementedError(f"{type(self).__module__}: parameter_count() is part of the contract")
 
+    def active_parameter_count(self) -> int:
+        """Parameters one token passes through (a mixture of experts: the shared ones plus the
+        top-k experts'); equal to `parameter_count()` for a dense model. FLOPs and MFU follow it."""
+        return self.parameter_count()
+
+    def parameters_by_role(self) -> dict[ParamRole, int]:
+        """Parameter count per `param_role` (torch-free): what the memory plan weighs the
+        optimizer's per-role state with. Default for a dense decoder: the input embedding (and
+        any learned positions) are the total minus blocks minus head and norms; the head is
+        counted only when untied; hidden = the matmul parameters inside the blocks. An
+        architecture whose roles differ (experts, extra embeddings) overrides it."""
+        total = self.parameter_count()
+        head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        blocks = self.block_parameters()
+        # matmul_parameters counts the head (tied or not: it is a matmul per token) and,
+        # for an active-only count, may be below the block total (experts): hidden matrices
+        # are the block parameters minus the block's scalars, estimated from the matmul count.
+        matmul_in_blocks = self.matmul_parameters() - self.vocab_size * self.hidden_size
+        hidden = max(0, min(blocks, matmul_in_blocks))
+        embedding = max(0, total - blocks - head)
+        scalar = max(0, total - hidden - embedding - head)
+        return {"hidden": hidden, "embedding": embedding, "head": head, "scalar": scalar}
+
     def embedding_parameters(self) -> int:
         """Parameters outside the blocks: embeddings, head, final norm."""
         return self.parameter_count() - self.block_parameters()
