@@ -17,7 +17,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup setup-github demo test test-fast test-budget lint bench clean
+.PHONY: setup setup-github setup-train demo test test-fast test-budget lint bench clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,19 @@ setup-github:
 	@if [ -f $(STAMP) ]; then echo "setup-github: the full install in $(VENV) covers it"; exit 0; fi; \
 	set -e; test -x $(BIN)/python || $(PY) -m venv $(VENV); \
 	$(BIN)/python -m pip install -q --require-hashes --no-deps -r constraints/github-jobs.lock; \
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+
+# The GPU training job (experiment-train.yml `train`), before the trainer's credential is used:
+# every package, torch and its CUDA wheels included, pinned with its hashes
+# (constraints/gpu-train.lock, made by constraints/lock.sh). The build backend is installed
+# first from its own hashed lock, and nothing builds in an isolated environment, so no build
+# tool is fetched unhashed; then the project itself without dependencies. A fresh runner has
+# no stamp; a full install is a superset.
+setup-train:
+	@if [ -f $(STAMP) ]; then echo "setup-train: the full install in $(VENV) covers it"; exit 0; fi; \
+	set -e; test -x $(BIN)/python || $(PY) -m venv $(VENV); \
+	$(BIN)/python -m pip install -q --require-hashes --no-deps -r constraints/build-tools.lock; \
+	$(BIN)/python -m pip install -q --require-hashes --no-deps --no-build-isolation -r constraints/gpu-train.lock; \
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 
 demo: setup

@@ -45,7 +45,7 @@ def measure(model_type: str) -> dict[str, Any]:
                            "built_parameters": parameter_count_on_meta(arch),
                            "plan_flops_per_token": arch.flops_per_token(SEQ),
                            "counted_flops_per_token": count_training_flops(arch, SEQ, batch=1)}
-    from validation.preflight import ACTIVATION_ELEMENT_BYTES
+    from validation.plan import ACTIVATION_ELEMENT_BYTES
 
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         element = ACTIVATION_ELEMENT_BYTES[name]

@@ -21,7 +21,7 @@ that glibc returns freed tensors to the OS instead of keeping them in its heap) 
 points: after imports + process group (the *import baseline*), between steps (*steady*: weights,
 optimizer state and whatever the wrapper keeps), and the high-water mark during the timed steps
 (*peak*, VmHWM reset with /proc/self/clear_refs after the first step). The planner's estimate
-comes from `validation.preflight.estimate_memory` for the same spec and layout; the comparison
+comes from `validation.plan.estimate_memory` for the same spec and layout; the comparison
 is `peak above baseline` vs `estimate - framework overhead` (the overhead constant models the
 interpreter, torch and gloo, which the baseline contains) and `absolute peak` vs `estimate`.
 Appends a section "parallel memory" to bench/RESULTS.md.
@@ -283,7 +283,7 @@ def run_layout(layout: str, steps: int, micro: int, seq: int, executor: str = "t
 
 
 def planner(layout: str, micro: int, seq: int) -> Any:
-    from validation.preflight import estimate_memory
+    from validation.plan import estimate_memory
 
     spec = bench_spec(layout, micro, seq)
     return estimate_memory(spec, spec.parallel_layout())
@@ -338,7 +338,7 @@ def append_results(rows: list[dict[str, Any]], args: argparse.Namespace, n_param
         f"micro batch {args.micro} x seq {args.seq}, {args.steps} steps (first not timed); "
         "`python bench/bench_parallel_memory.py`. Memory per rank (the larger of the two), MiB; *above* = above "
         "the import baseline (interpreter + torch + transformers + gloo process group); estimate = "
-        "`validation.preflight.estimate_memory` for the same spec and layout (*above*: without its "
+        "`validation.plan.estimate_memory` for the same spec and layout (*above*: without its "
         "framework-overhead constant).",
         "",
         "| layout | params/rank | baseline | steady above | peak above | est. above (states + ddp/fsdp + act + logits) | "

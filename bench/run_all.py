@@ -12,7 +12,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = ["bench_validate.py", "bench_pr_check.py", "bench_data.py", "bench_trainer.py", "bench_mlflow.py",
-           "bench_architectures.py", "bench_optimizers.py",
+           "bench_architectures.py", "bench_optimizers.py", "bench_compile.py",
            "ab_trainer_step.py", "page_faults.py", "profile_trainer.py", "bench_parallel_memory.py", "bench_verdict.py"]
 GPU_SCRIPTS = ["gpu_bench.py", "gpu_fsdp_bench.py"]
 

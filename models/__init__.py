@@ -6,22 +6,28 @@ A new optimizer is one file `models/optimizers/<name>.py` defining `Config`, a s
 `OptimizerConfig` whose `name` is `Literal["<name>"]`. Nothing else in the repository is
 edited: `validation/` builds the spec's `model` and `train.optimizer` unions from what it
 finds here, `trainer/` asks the file how to build, shard, initialise and export the model.
-Files whose name starts with `_` are helpers, not plug-ins. See docs/architectures.md.
+Files whose name starts with `_` are helpers, not plug-ins. A file that does not load is kept
+aside (`broken_architectures()`, `broken_optimizers()`): only the experiments that select it
+fail, with its file:line. `pipeline contract FILES` checks files against this contract
+(validation/contract.py, trainer/contract_checks.py). See docs/architectures.md.
 
 Files: this module is the contract (`Architecture`, `OptimizerConfig`) and the discovery of
 plug-ins. Helpers: `_hf` (the shared half of the architectures built with transformers: build
 from config, blocks, HF initialisation, export), `_llama_family` (the Llama-shaped decoders
-llama, qwen2, mistral and llama_qknorm share). Architectures: `gpt2`, `llama`, `qwen2`,
+llama, qwen2, mistral and llama_qknorm share), `_export` (what every export holds besides the
+weights: tokenizer files transformers loads, their special-token ids, export.json). Architectures: `gpt2`, `llama`, `qwen2`,
 `mistral` (stock transformers models), `llama_qknorm` (Llama with QK-norm and a gated
-attention output), `nanogpt` (plain PyTorch, no transformers). Optimizers: `optimizers/`.
+attention output), `nanogpt` (plain PyTorch, no transformers), `moe` (a dropless mixture of
+experts, plain PyTorch). Optimizers: `optimizers/`.
 
 The contract, in two halves (torchtitan's TrainSpec and levanter's registered LmConfig):
 
 torch-free (read by `pipeline validate` and `plan`, which must not import torch, so the
 module's top level imports pydantic and the standard library only; torch and transformers
 are imported inside the methods of the second half):
-  - the config fields: a pydantic section with a docstring per field (they become the JSON
-    Schema in experiments/schema.json and the file:line errors of `pipeline validate`);
+  - the config fields: a pydantic section with a docstring per field (`pipeline validate`
+    checks them with file:line errors; experiments/schema.json describes only the fields
+    every architecture shares, so a new file does not regenerate it);
   - `parameter_count()`: exact, checked against the model built on the meta device;
   - `flops_per_token(seq_len)`: training FLOPs per token (forward + backward, the MFU
     convention: 6 x the parameters that take part in a matmul, plus 12 x layers x attention
@@ -51,8 +57,11 @@ torch (the execution layer calls these; imports happen inside):
   - `init_parameter(model, name, shape, generator)`: the full initial value of one parameter
     (the trainer slices it to the local shard, so every layout starts identically);
   - `enable_activation_checkpointing(model)`;
-  - `export(out_dir)`: write config (and whatever else loading needs) next to the
-    `model.safetensors` the trainer wrote; returns the same note as `export_note()`.
+  - `step_metrics(model)` (optional, default none): extra metrics logged with each training log
+    line, e.g. a mixture of experts' router load (models/moe.py);
+  - `export(model, out_dir)`: write config (and whatever else loading needs) next to the
+    `model.safetensors` and tokenizer files the trainer wrote (their special-token ids:
+    `models._export.special_token_ids(out_dir)`); returns the same note as `export_note()`.
 """
 
 from __future__ import annotations
@@ -150,8 +159,10 @@ class Architecture(PluginSection):
         """Parameter count per `param_role` (torch-free): what the memory plan weighs the
         optimizer's per-role state with. Default for a dense decoder: the input embedding (and
         any learned positions) are the total minus blocks minus head and norms; the head is
-        counted only when untied; hidden = the matmul parameters inside the blocks. An
-        architecture whose roles differ (experts, extra embeddings) overrides it."""
+        counted only when untied; hidden = the matmul parameters inside the blocks, plus the
+        parameters a token does not reach (`parameter_count() - active_parameter_count()`: the
+        experts it is not routed to, all matrices). An architecture whose roles differ (extra
+        embeddings, expert biases) overrides it."""
         total = self.parameter_count()
         head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
         blocks = self.block_parameters()
@@ -159,7 +170,9 @@ class Architecture(PluginSection):
         # for an active-only count, may be below the block total (experts): hidden matrices
         # are the block parameters minus the block's scalars, estimated from the matmul count.
         matmul_in_blocks = self.matmul_parameters() - self.vocab_size * self.hidden_size
-        hidden = max(0, min(blocks, matmul_in_blocks))
+        # A token's matmuls miss the experts it is not routed to: they are hidden matrices too.
+        inactive = self.parameter_count() - self.active_parameter_count()
+        hidden = max(0, min(blocks, matmul_in_blocks + inactive))
         embedding = max(0, total - blocks - head)
         scalar = max(0, total - hidden - embedding - head)
         return {"hidden": hidden, "embedding": embedding, "head": head, "scalar": scalar}
@@ -242,6 +255,13 @@ class Architecture(PluginSection):
     def enable_activation_checkpointing(self, model: torch.nn.Module) -> None:
         raise NotImplementedError(f"{type(self).__module__}: activation checkpointing is not declared")
 
+    def step_metrics(self, model: torch.nn.Module) -> dict[str, float]:
+        """Optional: extra training metrics (name -> value) the trainer logs on each log line, e.g.
+        a mixture of experts' router load; what the model gathered since the last call (reading
+        may reset it). Called on every rank with the same keys; the trainer logs the mean over
+        ranks. Default: none."""
+        return {}
+
     def export(self, model: torch.nn.Module, out_dir: Path) -> ExportNote:
         return self.export_note()
 
@@ -270,18 +290,36 @@ class OptimizerConfig(PluginSection):
 
 
 class PluginError(Exception):
-    """A file under models/ does not follow the contract (its path and what is wrong)."""
+    """A file under models/ does not follow the contract: `str()` is `models/x.py:LINE: what`;
+    `file` and `line` say where (for annotations), `reason` what is wrong."""
+
+    def __init__(self, file: str, reason: str, line: int | None = None):
+        self.file, self.reason, self.line = file, reason, line
+        super().__init__(f"{file}{f':{line}' if line else ''}: {reason}")
 
 
-def _where(module_name: str, exc: BaseException) -> str:
-    """`models/x.py:LINE` of the failure inside the plug-in's own file (or just the file)."""
+def _plugin_file(module_name: str) -> str:
+    """`models/x.py` (or `models/x/__init__.py` for a package plug-in), relative to the repository."""
+    rel = module_name.replace(".", "/")
+    return f"{rel}/__init__.py" if (MODELS_DIR.parent / rel).is_dir() else f"{rel}.py"
+
+
+def _where(module_name: str, exc: BaseException) -> tuple[str, int | None]:
+    """The file and line of the failure inside the plug-in's own files (or just its file)."""
     import traceback
 
-    rel = module_name.replace(".", "/") + ".py"
-    if isinstance(exc, SyntaxError) and exc.lineno:
-        return f"{rel}:{exc.lineno}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith(rel)]
-    return f"{rel}:{frames[-1].lineno}" if frames else rel
+    rel = _plugin_file(module_name)
+    own = str(MODELS_DIR.parent / module_name.replace(".", "/"))
+
+    def mine(filename: str | None) -> bool:
+        return bool(filename) and (filename == own + ".py" or filename.startswith(own + "/"))  # type: ignore[operator, union-attr]
+
+    if isinstance(exc, SyntaxError) and mine(exc.filename):
+        return str(Path(str(exc.filename)).resolve().relative_to(MODELS_DIR.parent)), exc.lineno
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if mine(f.filename)]
+    if frames:
+        return str(Path(frames[-1].filename).resolve().relative_to(MODELS_DIR.parent)), frames[-1].lineno
+    return rel, None
 
 
 def _module_names(package_dir: Path) -> list[str]:
@@ -290,38 +328,70 @@ def _module_names(package_dir: Path) -> list[str]:
 
 
 def _load(module_name: str, base: type[PluginSection], key: str, stem: str) -> type[PluginSection]:
+    rel = _plugin_file(module_name)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # a broken plug-in names itself (file:line), not a traceback deep in pydantic
-        raise PluginError(f"{_where(module_name, exc)}: cannot import: {type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        file, line = _where(module_name, exc)
+        raise PluginError(file, f"cannot import: {type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": "), line) from exc
     config = getattr(module, "Config", None)
     if not (isinstance(config, type) and issubclass(config, base)):
-        raise PluginError(f"{module_name.replace('.', '/')}.py: defines no `Config` subclass of {base.__name__}")
+        raise PluginError(rel, f"defines no `Config` subclass of {base.__name__}")
     field = config.model_fields.get(key)
     args = getattr(field.annotation, "__args__", ()) if field is not None else ()
     if tuple(args) != (stem,):
-        raise PluginError(f"{module_name.replace('.', '/')}.py: Config.{key} must be Literal['{stem}'] "
-                          "(the file's name)")
+        raise PluginError(rel, f"Config.{key} must be Literal['{stem}'] (the file's name)", _line_of(config, key))
     return config
 
 
+def _line_of(config: type, name: str) -> int | None:
+    """The line of `name` in the class body of `config` (None when the source is not there)."""
+    import inspect
+
+    try:
+        lines, first = inspect.getsourcelines(config)
+    except (OSError, TypeError):
+        return None
+    return next((first + i for i, text in enumerate(lines) if text.lstrip().startswith(f"{name}:")), first)
+
+
 @cache
+def _discover(package: str) -> tuple[dict[str, type[PluginSection]], dict[str, PluginError]]:
+    """(name -> Config class, name -> why it is broken) for every plug-in file of `package`
+    ("" for architectures, "optimizers"). A broken file is kept aside, so it fails only the
+    experiments that select it (`validation.spec` turns it into their error)."""
+    directory = MODELS_DIR / package if package else MODELS_DIR
+    base, key = (OptimizerConfig, "name") if package else (Architecture, "model_type")
+    found: dict[str, type[PluginSection]] = {}
+    broken: dict[str, PluginError] = {}
+    for name in _module_names(directory):
+        try:
+            found[name] = _load(f"models.{package + '.' if package else ''}{name}", base, key, name)
+        except PluginError as exc:
+            broken[name] = exc
+    return found, broken
+
+
 def architectures() -> dict[str, type[Architecture]]:
-    """model_type -> Config class, for every architecture file under models/."""
-    found: dict[str, type[Architecture]] = {}
-    for name in _module_names(MODELS_DIR):
-        found[name] = _load(f"models.{name}", Architecture, "model_type", name)  # type: ignore[assignment]
-    return found
+    """model_type -> Config class, for every architecture file under models/ that imports and
+    keeps the naming rule (the others: `broken_architectures()`)."""
+    return _discover("")[0]  # type: ignore[return-value]
 
 
-@cache
 def optimizer_configs() -> dict[str, type[OptimizerConfig]]:
-    """name -> Config class, for every optimizer file under models/optimizers/."""
-    found: dict[str, type[OptimizerConfig]] = {}
-    for name in _module_names(MODELS_DIR / OPTIMIZERS_PACKAGE):
-        found[name] = _load(f"models.{OPTIMIZERS_PACKAGE}.{name}", OptimizerConfig, "name", name)  # type: ignore[assignment]
-    return found
+    """name -> Config class, for every optimizer file under models/optimizers/ that loads."""
+    return _discover(OPTIMIZERS_PACKAGE)[0]  # type: ignore[return-value]
+
+
+def broken_architectures() -> dict[str, PluginError]:
+    """model_type -> why models/<model_type>.py cannot be used (it does not import, ...)."""
+    return _discover("")[1]
+
+
+def broken_optimizers() -> dict[str, PluginError]:
+    """name -> why models/optimizers/<name>.py cannot be used."""
+    return _discover(OPTIMIZERS_PACKAGE)[1]
 
 
 def source_files(model_type: str | None = None, optimizer: str | None = None) -> list[Path]:
@@ -388,4 +458,4 @@ def load_weights(model: Any, directory: str | Path, arch: Architecture) -> None:
 
 
 __all__ = ["EXPORT_FILE", "load_exported", "load_weights", "Architecture", "ExportNote", "OptimizerConfig", "ParamRole", "PluginError", "PluginSection",
-           "TPStyle", "architectures", "optimizer_configs", "source_files", "source_hash"]
+           "TPStyle", "architectures", "broken_architectures", "broken_optimizers", "optimizer_configs", "source_files", "source_hash"]

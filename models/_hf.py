@@ -1,5 +1,6 @@
 """Shared half of the architectures built with transformers (llama, qwen2, mistral, gpt2 and
-their variants): build from a transformers config, blocks, HF's initialisation rules, export.
+their variants): build from a transformers config, blocks, HF's initialisation rules, export,
+and a Hugging Face checkpoint's config.json compared with the spec (`init_from_problems`).
 
 A helper, not a plug-in (its name starts with `_`). Torch-free at import: transformers is
 imported inside the methods.
@@ -7,9 +8,10 @@ imported inside the methods.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from models import Architecture, ExportNote
 
@@ -35,6 +37,49 @@ class HFCausalLM(Architecture):
     def register(self) -> None:
         """Register custom transformers classes (variants of a stock architecture); stock
         architectures need nothing."""
+
+    # ------------------------------------------------------------------ a checkpoint's config.json (torch-free)
+
+    hf_defaults: ClassVar[dict[str, Any]] = {}
+    """What a config.json means when it omits a key (the transformers class default)."""
+
+    def hf_fields(self) -> dict[str, tuple[str, Any]]:
+        """transformers config key -> (this spec's field, value) for every key the spec decides:
+        what `hf_config()` passes, and what `checkpoint_problems` compares with a config.json."""
+        return {}
+
+    def normalize_hf_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """A config.json in the form `hf_fields` uses (older and newer spellings, derived defaults)."""
+        return dict(config)
+
+    def init_from_problems(self, directory: Path) -> list[tuple[str, str]]:
+        """`checkpoint_problems` of the directory's config.json (plain JSON, no torch); nothing to
+        say when it has none (a checkpoint written later, or by another tool)."""
+        path = Path(directory) / "config.json"
+        if not path.is_file():
+            return []
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return [("init_from", f"{path.name} is not readable JSON: {str(exc).splitlines()[0]}")]
+        if not isinstance(config, dict):
+            return [("init_from", f"{path.name} is not a JSON object")]
+        return self.checkpoint_problems(config)
+
+    def checkpoint_problems(self, config: dict[str, Any]) -> list[tuple[str, str]]:
+        """(field, why) for each way a Hugging Face checkpoint's config.json (parsed JSON)
+        describes another model than this spec builds; empty when they agree."""
+        if config.get("model_type") != self.hf_model_type():
+            return [("model_type", f"config.json has model_type {json.dumps(config.get('model_type'))}, this spec "
+                                   f"builds {json.dumps(self.hf_model_type())}")]
+        config = self.normalize_hf_config(config)
+        problems = []
+        for key, (field, value) in self.hf_fields().items():
+            theirs = config.get(key, self.hf_defaults.get(key, value))
+            if theirs != value:
+                problems.append((field, f"config.json has {key} {json.dumps(theirs)}, this spec builds "
+                                        f"{json.dumps(value)}: set model.{field} to match"))
+        return problems
 
     # ------------------------------------------------------------------ torch half
 
@@ -96,12 +141,25 @@ class HFCausalLM(Architecture):
 
     def export_note(self) -> ExportNote:
         return ExportNote(loadable=True, how=f"transformers AutoModelForCausalLM.from_pretrained(dir) "
-                                             f"(model_type {self.hf_model_type()})")
+                                             f"(model_type {self.hf_model_type()}) and AutoTokenizer; "
+                                             "lm-eval HFLM(pretrained=dir)")
 
     def hf_model_type(self) -> str:
         return self.model_type
 
     def export(self, model: torch.nn.Module, out_dir: Path) -> ExportNote:
-        config: Any = model.config
+        """config.json and generation_config.json, with the special-token ids of the tokenizer
+        files already in `out_dir` (models/_export.py), not the transformers class defaults."""
+        import copy
+
+        from transformers import GenerationConfig
+
+        from models._export import special_token_ids
+
+        config: Any = copy.deepcopy(model.config)
+        ids = special_token_ids(out_dir)
+        for key, value in ids.items():
+            setattr(config, key, value)
         config.save_pretrained(out_dir)
+        GenerationConfig(**ids).save_pretrained(out_dir)
         return self.export_note()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -16,6 +16,10 @@ class Config(HFCausalLM):
     """The architecture (this file: models/gpt2.py)."""
     intermediate_size: Annotated[int, Field(ge=8, le=1048576)] | None = None
     """MLP width (defaults to 4 x hidden)."""
+    layer_norm_eps: Annotated[float, Field(gt=0.0, le=0.1)] = 1e-5
+    """Epsilon of every LayerNorm (GPT-2's published 1e-5)."""
+
+    hf_defaults: ClassVar[dict[str, Any]] = {"layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}
 
     # GPT-2's fused c_attn (q|k|v in one matrix) cannot be split column-wise per head without
     # reordering its rows: no tensor-parallel plan (FSDP shards it instead).
@@ -62,11 +66,25 @@ class Config(HFCausalLM):
             return "embedding"
         return super().param_role(name, param)
 
+    def hf_fields(self) -> dict[str, tuple[str, Any]]:
+        return {
+            "vocab_size": ("vocab_size", self.vocab_size), "n_embd": ("hidden_size", self.hidden_size),
+            "n_layer": ("num_layers", self.num_layers), "n_head": ("num_heads", self.num_heads),
+            "n_inner": ("intermediate_size", self.ffn_size), "n_positions": ("max_position_embeddings",
+                                                                          self.max_position_embeddings),
+            "layer_norm_epsilon": ("layer_norm_eps", self.layer_norm_eps),
+            "tie_word_embeddings": ("tie_word_embeddings", self.tie_word_embeddings),
+        }
+
+    def normalize_hf_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """`n_inner: null` means 4 x n_embd."""
+        out = dict(config)
+        if out.get("n_inner") is None and isinstance(out.get("n_embd"), int):
+            out["n_inner"] = 4 * out["n_embd"]
+        return out
+
     def hf_config(self) -> Any:
         from transformers import GPT2Config
 
-        return GPT2Config(
-            n_embd=self.hidden_size, n_layer=self.num_layers, n_head=self.num_heads, n_inner=self.ffn_size,
-            n_positions=self.max_position_embeddings, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            vocab_size=self.vocab_size, tie_word_embeddings=self.tie_word_embeddings, use_cache=False,
-        )
+        kwargs = {key: value for key, (_, value) in self.hf_fields().items()}
+        return GPT2Config(**kwargs, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)

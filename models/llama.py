@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from models._llama_family import LlamaFamily
+from models._llama_family import LlamaBiases
 
 
-class Config(LlamaFamily):
+class Config(LlamaBiases):
     """A Llama decoder: RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP."""
 
     model_type: Literal["llama"] = "llama"

@@ -18,10 +18,10 @@ from functools import cache
 from typing import Any, ClassVar, Literal
 
 from models import ExportNote, TPStyle
-from models._llama_family import LlamaFamily
+from models._llama_family import LlamaBiases, LlamaFamily
 
 
-class Config(LlamaFamily):
+class Config(LlamaBiases):
     """A Llama decoder with RMSNorm on queries and keys, and optionally a gated attention output."""
 
     model_type: Literal["llama_qknorm"] = "llama_qknorm"
@@ -61,9 +61,12 @@ class Config(LlamaFamily):
         extra = per_token * seq_len * micro_batch * element_bytes
         return super().activation_bytes_per_layer(seq_len, micro_batch, element_bytes) + extra
 
+    def hf_fields(self) -> dict[str, tuple[str, Any]]:
+        return super().hf_fields() | {"qk_norm": ("qk_norm", self.qk_norm), "attn_gate": ("attn_gate", self.attn_gate)}
+
     def hf_config(self) -> Any:
         config_class, _ = transformers_classes()
-        return config_class(**self.llama_kwargs(), qk_norm=self.qk_norm, attn_gate=self.attn_gate)
+        return config_class(**self.llama_kwargs())
 
     def register(self) -> None:
         transformers_classes()

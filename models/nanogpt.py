@@ -112,7 +112,9 @@ class Config(Architecture):
     def export_note(self) -> ExportNote:
         return ExportNote(loadable=False, how="plain PyTorch: transformers cannot load it (config.json names "
                                               "model_type nanogpt, which it refuses); models.load_exported(dir) "
-                                              "rebuilds it with the same logits")
+                                              "rebuilds it with the same logits; lm-eval scores it as "
+                                              "model='gitops-train', model_args='pretrained=dir' once "
+                                              "trainer.lm_eval_scoring is imported")
 
     def export(self, model: torch.nn.Module, out_dir: Path) -> ExportNote:
         fields = self.model_dump(mode="json", exclude={"init_from"})

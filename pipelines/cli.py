@@ -32,9 +32,18 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported here so each module can stay independent; order = order in --help.
-    from pipelines import cmd_data, cmd_demo, cmd_github, cmd_report, cmd_run, cmd_train, cmd_validate
+    from pipelines import (
+        cmd_contract,
+        cmd_data,
+        cmd_demo,
+        cmd_github,
+        cmd_report,
+        cmd_run,
+        cmd_train,
+        cmd_validate,
+    )
 
-    for module in (cmd_validate, cmd_data, cmd_train, cmd_run, cmd_demo, cmd_report, cmd_github):
+    for module in (cmd_validate, cmd_contract, cmd_data, cmd_train, cmd_run, cmd_demo, cmd_report, cmd_github):
         module.register(app)
 
 

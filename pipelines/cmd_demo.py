@@ -45,7 +45,7 @@ def run_demo(repo: Path, experiment: str) -> None:
     from pipelines.progress import RichReporter
     from validation.loader import load_spec
     from validation.paths import experiment_file, experiment_files, experiment_names
-    from validation.preflight import make_plan, render_plan_text
+    from validation.plan import make_plan, render_plan_text
 
     console = Console(stderr=True)
     started = time.time()

@@ -21,10 +21,14 @@ from validation.errors import PipelineError, PromotionRefused, UsageError
 if TYPE_CHECKING:
     from pipelines.github.client import GitHubConfig
 
-runners_app = typer.Typer(help="Self-hosted runners: list, registration token, prune, capacity.", no_args_is_help=True)
+runners_app = typer.Typer(help="Self-hosted runners: list, just-in-time registration, prune, capacity.",
+                          no_args_is_help=True)
 
 provenance_app = typer.Typer(help="Trusted provenance in MLflow: users, store, registered model.",
                               no_args_is_help=True)
+
+job_credential_app = typer.Typer(help="One MLflow user per training job (pipelines/github/job_credentials.py).",
+                                  no_args_is_help=True)
 
 RepoOpt = Annotated[str | None, typer.Option("--repo", help="owner/name (default: $GITHUB_REPOSITORY).")]
 
@@ -35,7 +39,10 @@ def register(app: typer.Typer) -> None:
     app.command("chatops")(chatops)
     app.command("promote")(promote)
     app.command("attest")(attest)
+    app.command("cancel-training")(cancel_training)
+    app.command("plan-launch")(plan_launch)
     app.add_typer(provenance_app, name="provenance")
+    app.add_typer(job_credential_app, name="job-credential")
     app.add_typer(runners_app, name="runners")
 
 
@@ -179,6 +186,43 @@ def chatops(
     _guarded(run)
 
 
+# --------------------------------------------------------------------------- cancel
+
+
+def cancel_training(
+    pr: Annotated[int, typer.Option("--pr", min=1, help="Pull request number (from `authorize`).")],
+    experiments: Annotated[str, typer.Option(
+        "--experiments", help="JSON list of experiment names (from `authorize`).")],
+    default_branch: Annotated[str, typer.Option("--default-branch")] = "main",
+    repo: RepoOpt = None,
+) -> None:
+    """`/cancel`: cancel the PR's trainings through the Actions API (trusted job, `actions: write`)."""
+
+    def run() -> None:
+        import json
+        import re
+
+        from pipelines.github.cancel import cancel_trainings
+
+        try:
+            names = json.loads(experiments)
+        except ValueError:
+            names = None
+        if not isinstance(names, list) or not all(isinstance(n, str) and re.fullmatch(r"[a-z0-9][a-z0-9_-]{2,63}", n)
+                                                  for n in names):
+            raise UsageError("--experiments must be a JSON list of experiment names")
+        own = os.environ.get("GITHUB_RUN_ID", "")
+        done = cancel_trainings(_host(_config(repo)), pr=pr, experiments=names, default_branch=default_branch,
+                                skip_run=int(own) if own.isdigit() else None)
+        if not done:
+            _summary(f"/cancel on #{pr}: no unfinished training of {', '.join(names)} to cancel")
+        for t in done:
+            _summary(f"/cancel on #{pr}: cancelled workflow run {t.run_id} (training {', '.join(t.experiments)}; "
+                     "the trainer checkpoints before it stops)")
+
+    _guarded(run)
+
+
 # --------------------------------------------------------------------------- promote
 
 
@@ -256,7 +300,7 @@ def attest(
     write the attestation promotion reads. Exit 10 when the claims do not match."""
 
     def run() -> None:
-        from pipelines.github.provenance import AttestationRefused, attest, read_result
+        from pipelines.github.provenance import AttestationRefused, attest, read_result, shown
 
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
         try:
@@ -264,11 +308,13 @@ def attest(
                           result=read_result(result_file),
                           provenance_id=os.environ.get("MLFLOW_PROVENANCE_EXPERIMENT_ID") or None)
         except AttestationRefused as exc:
-            _summary(f"Not attested: `{experiment}` at `{sha[:12]}`: {exc}")
-            raise PromotionRefused(f"not attested: {exc}") from None
-        _summary(f"Attested `{experiment}` at `{sha[:12]}` for PR #{pr}: training run(s) "
-                 f"{', '.join(done.training_run_ids)}, verdict {done.verdict or 'none'}, status {done.status}")
-        typer.echo(f"attested {experiment}: {done.run_id}")
+            # The reasons quote names read from MLflow (PR-chosen): `shown` escaped them already;
+            # `shown` again keeps anything else in the message to one inert line.
+            _summary(f"Not attested: {shown(experiment)} at {sha[:12]}: {shown(str(exc), 2000)}")
+            raise PromotionRefused(f"not attested: {shown(str(exc), 2000)}") from None
+        _summary(f"Attested {shown(experiment)} at {sha[:12]} for PR #{pr}: training run(s) "
+                 f"{', '.join(done.training_run_ids)}, verdict {done.verdict or 'none'}, status {shown(done.status)}")
+        typer.echo(f"attested {shown(experiment)}: {done.run_id}")
 
     _guarded(run)
 
@@ -311,6 +357,92 @@ def provenance_setup(
     _guarded(run)
 
 
+def plan_launch(
+    checkout: Annotated[Path, typer.Option("--checkout", help="The approved commit, checked out as data.")],
+    experiment: Annotated[list[str], typer.Option("--experiment", help="Experiment name (repeat for several).")],
+    sha: Annotated[str, typer.Option("--sha")],
+    pr: Annotated[int, typer.Option("--pr")],
+    out: Annotated[Path, typer.Option("--out")],
+) -> None:
+    """The trusted launch plan (= `python -m pipelines.registry plan`): which attested runs are
+    reused and which seeds each claim gets, before any PR code runs."""
+    from pipelines.registry import main
+
+    argv = ["plan", "--checkout", str(checkout), "--sha", sha, "--pr", str(pr), "--out", str(out)]
+    for name in experiment:
+        argv += ["--experiment", name]
+    code = main(argv)
+    if code:
+        raise typer.Exit(code)
+
+
+ExperimentsOpt = Annotated[str, typer.Option("--experiments", help="JSON list (authorize's `experiments` output).")]
+RunIdOpt = Annotated[int, typer.Option("--workflow-run-id", envvar="GITHUB_RUN_ID")]
+AttemptOpt = Annotated[int, typer.Option("--attempt", envvar="GITHUB_RUN_ATTEMPT")]
+TrackingOpt = Annotated[str, typer.Option("--tracking-uri", envvar="MLFLOW_TRACKING_URI")]
+
+
+@job_credential_app.command("create")
+def job_credential_create(experiments: ExperimentsOpt, tracking_uri: TrackingOpt, workflow_run_id: RunIdOpt,
+                          attempt: AttemptOpt = 1) -> None:
+    """Broker job: per experiment a user that can write only its own new experiment; the sealed
+    credentials go to the step output `tokens` (JSON), the user names to `users`. Admin from
+    $MLFLOW_ADMIN_USERNAME/$MLFLOW_ADMIN_PASSWORD, the sealing key from $JOB_CREDENTIAL_KEY."""
+
+    def run() -> None:
+        import json
+
+        from pipelines.github import job_credentials as jc
+
+        names = jc.parse_experiments(experiments)
+        if not jc.has_users(tracking_uri):  # a local store (the act tests, a laptop): no users to make
+            jc.github_output("tokens", "{}")
+            jc.github_output("users", "[]")
+            typer.echo(f"{tracking_uri or 'no tracking URI'}: not an MLflow server, no job users made")
+            return
+        key = os.environ.get(jc.KEY_ENV) or ""
+        if not key:
+            raise UsageError(f"set {jc.KEY_ENV} (a Fernet key, a secret of this and the gpu-training environment)")
+        tokens = jc.create_for_launch(tracking_uri=tracking_uri, admin=jc.admin_from_env(), key=key,
+                                      workflow_run_id=workflow_run_id, attempt=attempt, experiments=names)
+        jc.github_output("tokens", json.dumps(tokens, sort_keys=True, separators=(",", ":")))
+        jc.github_output("users", json.dumps([jc.job_user(workflow_run_id, attempt, n) for n in names]))
+        for name in names:
+            typer.echo(f"{name}: user {jc.job_user(workflow_run_id, attempt, name)}, "
+                       f"experiment {jc.job_experiment(workflow_run_id, attempt, name)!r}")
+
+    _guarded(run)
+
+
+@job_credential_app.command("revoke")
+def job_credential_revoke(experiments: ExperimentsOpt, tracking_uri: TrackingOpt, workflow_run_id: RunIdOpt,
+                          attempt: AttemptOpt = 1,
+                          users: Annotated[str, typer.Option("--users", help="JSON list (the broker's `users`).")] = "[]",
+                          ) -> None:
+    """Cleanup job (always): delete the job users of this launch (their runs stay, read-only)."""
+
+    def run() -> None:
+        import json
+
+        from pipelines.github import job_credentials as jc
+
+        try:
+            named = [u for u in json.loads(users or "[]") if isinstance(u, str)]
+        except ValueError:
+            named = []
+        if not jc.has_users(tracking_uri):
+            typer.echo("not an MLflow server: no job users to delete")
+            return
+        wanted = dict.fromkeys([*named, *(jc.job_user(workflow_run_id, attempt, n)
+                                          for n in jc.parse_experiments(experiments))])
+        admin = jc.admin_from_env()
+        for username in wanted:
+            gone = jc.revoke(tracking_uri=tracking_uri, admin=admin, username=username)
+            typer.echo(f"{username}: {'deleted' if gone else 'not there'}")
+
+    _guarded(run)
+
+
 # --------------------------------------------------------------------------- runners
 
 
@@ -326,16 +458,16 @@ def runners_list(repo: RepoOpt = None) -> None:
     _guarded(run)
 
 
-@runners_app.command("token")
+@runners_app.command("token", hidden=True)
 def runners_token(repo: RepoOpt = None) -> None:
-    """Print a registration token for `config.sh --ephemeral` (masked in GitHub Actions logs)."""
+    """Refused: repository-level registration tokens are not issued (use `pipeline runners jit`)."""
 
     def run() -> None:
-        token, expires = _host(_runners_config(repo)).registration_token()
-        if os.environ.get("GITHUB_ACTIONS") == "true":
-            typer.echo(f"::add-mask::{token}")
-        typer.echo(f"expires {expires}", err=True)
-        typer.echo(token)
+        # A repository-level runner cannot be limited to a workflow: any writer's branch workflow
+        # with `runs-on: [self-hosted, gpu]` would reach it (docs/operations.md, section 3).
+        raise UsageError("repository-level runner registration tokens are not issued: register one-job runners "
+                         "in the organisation's gate-only group with `pipeline runners jit --org ORG --group GROUP "
+                         "--labels gpu,TYPE --out FILE`")
 
     _guarded(run)
 

@@ -69,6 +69,10 @@ def smoke(
     out_path = out or Path(target) / "smoke.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2) + "\n")
+    if result.get("error"):  # a plug-in raised (or the trainer refused it): one line, its traceback in a file
+        typer.echo(f"error: smoke {spec.name} failed: {result['error']} (wrote {out_path}; traceback in "
+                   f"{result.get('traceback')})", err=True)
+        raise typer.Exit(5)
     checks = " ".join(f"{k}={'ok' if v else 'FAIL'}" for k, v in result["checks"].items())
     losses = result["losses"]
     typer.echo(
@@ -78,6 +82,9 @@ def smoke(
     if result.get("sharded") and result["sharded"]["error"]:
         typer.echo(f"sharded smoke ({result['sharded']['layout']}) failed: {result['sharded']['error']}", err=True)
     if result["status"] != "passed":
+        from trainer.smoke import failure_line
+
+        typer.echo(f"error: {failure_line(spec.name, result)}", err=True)  # the last line says why
         raise typer.Exit(5)
 
 

@@ -6,7 +6,8 @@ problem in every file is printed as one line (`path:line:col: field: message`), 
 GitHub annotation (`--format github`) or as JSON; exit code 2 when there is any.
 `plan` adds what the run will look like: the resolved spec, what changed against the
 baseline (or the base it extends), the parallel layout, memory, compute and approval
-tier from `validation.preflight`.
+tier from `validation.preflight`. `plan --dry-run` adds the full-scale dry run (trainer/dry_run.py:
+the real model on fake tensors, sharded over a fake process group, one tracked step).
 """
 
 from __future__ import annotations
@@ -144,6 +145,11 @@ def plan(
     output_format: Annotated[
         PlanFormat, typer.Option("--format", "-f", help="text or json.")
     ] = PlanFormat.text,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Also build the real model at full size on fake tensors, shard it "
+                           "over a fake process group of the planned world size and track one training step's "
+                           "memory (trainer/dry_run.py); exit non-zero when it fails or disagrees with the plan.")
+    ] = False,
 ) -> None:
     """Show what an experiment will run: resolved spec, changes vs its baseline, layout, memory, compute, tier."""
     from validation.loader import load_located
@@ -162,10 +168,12 @@ def plan(
 
     reference, reference_note = _reference_for(resolved, loaded)
     changes = diff_specs(reference.resolved_dict(), spec.resolved_dict()) if reference else []
-    preflight, preflight_text, preflight_note = _preflight(spec, loaded)
+    baseline_spec = reference if reference is not None and reference.name == resolved.baseline.name else None
+    preflight, preflight_text, preflight_note = _preflight(spec, loaded, baseline_spec)
     sweep = _sweep_cost(resolved, reference) if spec.sweep is not None and preflight is not None else None
     tier = sweep["tier"] if sweep else (preflight or {}).get("tier")
     preparation = _preparation(spec, Path(resolved.repo_root))
+    dry, dry_text, dry_problems = _dry_run(spec) if dry_run else (None, None, [])
 
     if output_format is PlanFormat.json:
         payload = {
@@ -183,7 +191,10 @@ def plan(
             "resolved": spec.resolved_dict(),
             "resolution": {k: v for k, v in resolved.model_dump(mode="json").items() if k not in ("spec", "runs")},
         }
+        if dry_run:
+            payload["dry_run"] = dry
         typer.echo(json.dumps(payload, indent=2))
+        _fail_dry_run(dry_problems)
         return
 
     lines = [
@@ -204,16 +215,43 @@ def plan(
         hours = f"{sweep['gpu_hours']:.2f} GPU-hours" if sweep["on_gpu"] else "0 GPU-hours (CPU)"
         lines += [
             "",
-            "sweep (the plan above prices one trial on one seed):",
+            "sweep (the plan above prices one configuration on its seeds):",
             f"  cost                 {sweep['describe']}",
             f"  budget               {hours} of resource.max_gpu_hours {spec.resource.max_gpu_hours:g}",
             f"  tier (whole sweep)   {sweep['tier']['name']}: {approvals} -- {sweep['tier']['reason']}",
             f"  baseline             {sweep['baseline_note']}",
         ]
     lines += ["", _preparation_line(preparation)]
+    if dry_text is not None:
+        lines += ["", dry_text]
     lines += ["", "resolved spec:"]
     lines += ["  " + line for line in _yaml_text(spec.resolved_dict()).splitlines()]
     typer.echo("\n".join(lines))
+    _fail_dry_run(dry_problems)
+
+
+def _dry_run(spec: ExperimentSpec) -> tuple[dict[str, Any], str | None, list[str]]:
+    """`trainer.dry_run` on `spec`: its JSON (or `{"error": ...}`), its text, and the failed checks."""
+    from trainer.dry_run import DryRunFailed, dry_run
+
+    try:
+        result = dry_run(spec)
+    except SpecError as exc:
+        raise fail_issues(exc.issues) from None
+    except DryRunFailed as exc:
+        return {"error": str(exc)}, f"dry run: FAILED: {exc}", [str(exc)]
+    return result.to_dict(), result.render_text(), result.problems()
+
+
+def _fail_dry_run(problems: list[str]) -> None:
+    """One line per failed dry-run check on stderr, then the trainer's exit code."""
+    if not problems:
+        return
+    from trainer.dry_run import DryRunFailed
+
+    for problem in problems:
+        typer.echo(f"error: {problem}", err=True)
+    raise typer.Exit(DryRunFailed.exit_code)
 
 
 def _reference_for(resolved: ResolvedExperiment, loaded: LoadedSpec) -> tuple[ExperimentSpec | None, str]:
@@ -237,14 +275,16 @@ def _reference_for(resolved: ResolvedExperiment, loaded: LoadedSpec) -> tuple[Ex
     return None, "no baseline experiment file and no extends base to compare with"
 
 
-def _preflight(spec: ExperimentSpec, loaded: LoadedSpec) -> tuple[dict[str, Any] | None, str | None, str]:
-    """Run `validation.preflight` if it is available; its SpecError (nothing fits) fails the plan."""
+def _preflight(spec: ExperimentSpec, loaded: LoadedSpec,
+               baseline: ExperimentSpec | None = None) -> tuple[dict[str, Any] | None, str | None, str]:
+    """Run `validation.plan` if it is available; its SpecError (nothing fits) fails the plan.
+    `baseline`: the baseline experiment's spec, priced on the same seeds."""
     try:
-        from validation.preflight import make_plan, render_plan_text
+        from validation.plan import make_plan, render_plan_text
     except ImportError as exc:
         return None, None, f"not available ({exc})"
     try:
-        result = make_plan(spec, locate=loaded.locate)
+        result = make_plan(spec, locate=loaded.locate, baseline=baseline)
     except SpecError as exc:
         raise fail_issues(exc.issues) from None
     return result.to_dict(), render_plan_text(result), "ok"
@@ -296,7 +336,7 @@ def _preparation(spec: ExperimentSpec, repo_root: Path) -> dict[str, Any]:
 
 
 def _preparation_line(prep: dict[str, Any]) -> str:
-    from validation.preflight import format_duration
+    from validation.plan import format_duration
 
     if "error" in prep:
         return f"data: not estimated ({prep['error']})"

@@ -11,6 +11,11 @@ the baseline's finished runs are reused. We deliberately do not use the commit
 SHA for the identity: a PR that only adds `experiments/x.yaml` moves the commit but
 cannot change what the baseline trains, and the baseline must be reused across PRs.
 The full commit SHA is still recorded (tag `pipeline.git_sha`) for traceability.
+
+The *trainer version* (reports flag a baseline trained on other trainer code as stale) is the
+git tree hash of `trainer/`, computed from the working tree when `trainer/` itself has
+uncommitted changes: an uncommitted plug-in does not move it, and uncommitted trainer code
+gets the version its commit will have.
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ class CodeVersion:
     dirty: bool
     """Uncommitted changes under CODE_PATHS."""
     trainer: str
-    """Content hash of trainer/ alone (a baseline on other trainer code is flagged stale)."""
+    """git tree hash of trainer/ alone, of its working-tree content when that is uncommitted (a
+    baseline on other trainer code is flagged stale; the same code has the same version)."""
 
     @property
     def label(self) -> str:
@@ -97,8 +103,56 @@ def code_version(repo: Path, model_type: str | None = None, optimizer: str | Non
     if dirty:
         # Same uncommitted content -> same identity, so a dirty laptop run is still reusable.
         tree = hashlib.sha256((tree + _hash_files(repo, paths)).encode()).hexdigest()
-        trainer = _hash_files(repo, ("trainer",))[:16]
+        if (_git(repo, "status", "--porcelain", "--", "trainer") or "").strip():
+            # The tree hash trainer/ will have once committed: an uncommitted plug-in elsewhere
+            # leaves it alone, and an uncommitted trainer edit matches its own commit.
+            trainer = _worktree_tree(repo, "trainer")[:16]
     return CodeVersion(sha, tree[:16], dirty, trainer)
+
+
+def _worktree_tree(repo: Path, folder: str) -> str:
+    """The git tree hash of `folder`'s working-tree files (tracked and new, not ignored), as
+    `git write-tree` would compute it; equal to `git rev-parse HEAD:folder` when clean."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", folder],
+                             cwd=repo, capture_output=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "absent"
+    root: dict[str, object] = {}
+    for rel in sorted(set(filter(None, out.decode("utf-8", "surrogateescape").split("\0")))):
+        path = repo / rel
+        if not (path.is_file() or path.is_symlink()):
+            continue  # deleted, not yet staged
+        node = root
+        parts = Path(rel).relative_to(folder).parts
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})  # type: ignore[assignment]
+        node[parts[-1]] = path  # type: ignore[index]
+    return _tree_hash(root) if root else "absent"
+
+
+def _git_object(kind: str, body: bytes) -> str:
+    return hashlib.sha1(f"{kind} {len(body)}\0".encode() + body).hexdigest()  # noqa: S324 - git's own id
+
+
+def _tree_hash(node: dict[str, object]) -> str:
+    import os
+    import stat
+
+    entries: list[tuple[str, bytes]] = []
+    for name, child in node.items():
+        if isinstance(child, dict):
+            mode, oid, key = "40000", _tree_hash(child), name + "/"
+        else:
+            path = Path(str(child))
+            if path.is_symlink():
+                mode, oid = "120000", _git_object("blob", os.readlink(path).encode())
+            else:
+                executable = path.stat().st_mode & stat.S_IXUSR
+                mode, oid = ("100755" if executable else "100644"), _git_object("blob", path.read_bytes())
+            key = name
+        entries.append((key, f"{mode} {name}".encode() + b"\0" + bytes.fromhex(oid)))
+    return _git_object("tree", b"".join(entry for _, entry in sorted(entries, key=lambda e: e[0].encode())))
 
 
 @dataclass(frozen=True)

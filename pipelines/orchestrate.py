@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines import continuation
+from pipelines import continuation, tracked_runs
+from pipelines.exits import training_failure
 from pipelines.identity import CodeVersion, RunIdentity, code_version, experiment_key
 from pipelines.mlflow_verdict import champion_records, mlflow_client, tag_verdict
 from pipelines.pr_comment import live_progress, publish_report
-from pipelines.rundir import finished_training_runs, new_run_dir, runs_root
+from pipelines.rundir import data_cache_root, finished_training_runs, new_run_dir, runs_root
 from pipelines.stages import StageOutcome, StageRunner
 from pipelines.sweep_trials import run_sweep
 from trainer.mlflow_endpoint import default_tracking_uri
@@ -154,6 +155,10 @@ class ExperimentFlow:
         from reports import prereg
 
         spec = resolved.spec
+        planned = self._planned(spec.name)
+        if planned is not None:  # trusted code chose them before launch (pipelines.registry)
+            seeds = list(planned.seeds)
+            return resolved if seeds == list(resolved.seeds) else resolve(spec_path, self.repo, seeds=seeds)
         claim = prereg.claim_key(spec)
         root = runs_root(self.repo)
         if spec.hypothesis.pilot or prereg.confirmatory_registration(root, claim) is not None:
@@ -169,11 +174,22 @@ class ExperimentFlow:
         claim = prereg.claim_key(spec)
         root = runs_root(self.repo)
         entry = prereg.claim_entry(claim, spec.name, spec.hypothesis, resolved.seeds, pilot=spec.hypothesis.pilot)
+        planned = self._planned(spec.name)
+        if planned is not None and planned.registration is not None and planned.claim == claim:
+            entry = dict(planned.registration)  # the trusted registry's, in force for every runner
         if not spec.hypothesis.pilot:
             entry = prereg.register_confirmatory(root, entry)
         prereg.record_registration(run_dir, entry, results_existed=results_existed)
         prereg.mark_seen(root, claim, seed)
         return claim
+
+    @staticmethod
+    def _planned(experiment: str) -> Any:
+        """This experiment's part of the launch plan the job was given (None on a laptop)."""
+        from pipelines.registry import launch_plan
+
+        plan = launch_plan()
+        return plan.for_experiment(experiment) if plan is not None else None
 
     def run_identical(self, resolved: ResolvedExperiment, base: ResolvedExperiment) -> ExperimentResult:
         """A candidate whose identity is its baseline's (same code, spec hash, so data and seeds):
@@ -290,14 +306,15 @@ class ExperimentFlow:
         from pipelines.dataprep.prepare import prepare_data
         from pipelines.resources import ensure_disk_space
 
-        ensure_disk_space(self.repo / "data", need_gb=1.0, what="data preparation")
-        return prepare_data(spec.data, self.repo, progress=True)
+        cache = data_cache_root(self.repo)
+        ensure_disk_space(cache, need_gb=1.0, what="data preparation")
+        return prepare_data(spec.data, self.repo, cache_root=cache, progress=True)
 
     def prepare_quietly(self, spec: ExperimentSpec):
         """The spec's data without progress output: for data `prepare` has already made."""
         from pipelines.dataprep.prepare import prepare_data
 
-        return prepare_data(spec.data, self.repo, progress=False)
+        return prepare_data(spec.data, self.repo, cache_root=data_cache_root(self.repo), progress=False)
 
     def _check(self, spec: ExperimentSpec, prepared, base_prepared, out_dir: Path) -> StageOutcome:
         from validation.data.checks import run_data_checks
@@ -312,7 +329,7 @@ class ExperimentFlow:
         return StageOutcome(outputs=outputs, artifacts=[(out_dir / "data_check.json", "json"), (out_dir / "data_check.md", "file")])
 
     def _smoke(self, resolved: ResolvedExperiment, prepared: Any, out_dir: Path) -> StageOutcome:
-        from trainer.smoke import run_smoke
+        from trainer.smoke import failure_line, run_smoke
 
         spec = resolved.spec
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -330,10 +347,7 @@ class ExperimentFlow:
                 result["status"] = sharded["status"]
         atomic_write_json(out_dir / "smoke.json", result)
         if result.get("status") != "passed":
-            failed = [k for k, ok in result.get("checks", {}).items() if not ok]
-            error = (result.get("sharded") or {}).get("error")
-            raise TrainingError(f"smoke run of {spec.name} failed: {', '.join(failed) or 'see ' + str(out_dir)}"
-                                + (f": {error}" if error else ""))
+            raise TrainingError(failure_line(spec.name, result))
         return StageOutcome(outputs={"tokens_per_s": result.get("tokens_per_s"), "wall_s": result.get("wall_s")},
                             artifacts=[(out_dir / "smoke.json", "json")])
 
@@ -351,15 +365,20 @@ class ExperimentFlow:
         spec = resolved.spec
         from reports.prereg import register_hypothesis
 
-        existing = finished_training_runs(self.repo).get(identity.key)
+        existing = self._reusable_local(finished_training_runs(self.repo).get(identity.key))
+        if existing is None and not self.options.force:  # another checkout may have trained it
+            existing = self._fetch_recorded(identity, run_dir / "train" / f"seed-{seed}")
         if existing is not None and not self.options.force:
-            self.reporter.stage(spec.name, "train", "reused", f"seed {seed}: {existing}")
+            origin = tracked_runs.fetched_from(existing)
+            where = f"MLflow run {origin['mlflow_run_id']}" if origin else str(existing)
+            self.reporter.stage(spec.name, "train", "reused", f"seed {seed}: {where}")
             if role != "baseline":  # its hypothesis meets results that already exist: say so
                 register_hypothesis(existing, spec.name, spec.hypothesis, resolved.seeds, results_existed=True)
             if role == "candidate":
                 self._register_claim(resolved, seed, existing, results_existed=True)
             return existing, True
         seed_dir = run_dir / "train" / f"seed-{seed}"
+        self._set_aside_unplanned(spec.name, seed_dir)
         seeded = resolved.for_seed(seed)
         cont = continuation.for_seed(
             seeded, seed, seed_dir, source_dir=self.options.continue_from, runs_root=runs_root(self.repo),
@@ -439,10 +458,59 @@ class ExperimentFlow:
             self.reporter.stage(spec.name, "train", "diverged", f"seed {seed} at step {result.get('diverged_at_step')}")
             return seed_dir, False
         if not result or result.get("status") != "finished":
-            status = result.get("status") if result else "no result.json"
-            reason = (result or {}).get("reason") or (result or {}).get("message") or getattr(state, "detail", "")
-            raise TrainingError(f"training {spec.name} seed {seed} ended '{status}': {reason} (logs: {seed_dir / 'logs'})")
+            raise training_failure(spec.name, seed, seed_dir, state)  # a startup failure exits 14, like the trainer
+        self._publish_record(spec.name, seed_dir)
         return seed_dir, False
+
+    @staticmethod
+    def _reusable_local(existing: Path | None) -> Path | None:
+        """A finished run under runs/, unless a launch plan says which runs may be reused: runs/
+        on a runner's shared storage is written by every job's (PR) code, so then only a run
+        whose MLflow run the plan names counts (the attest job checks the same ids)."""
+        from pipelines.registry import launch_plan
+
+        if existing is None:
+            return None
+        plan = launch_plan()
+        if plan is None:
+            return existing
+        run_id = (read_json(existing / "result.json") or {}).get("mlflow_run_id")
+        return existing if run_id in plan.reusable_runs() else None
+
+    def _set_aside_unplanned(self, experiment: str, seed_dir: Path) -> None:
+        """With a launch plan, a seed directory this job did not make (another job's, on shared
+        storage) is neither resumed nor reused: it is renamed aside and the seed trains afresh.
+        Continuing another job's checkpoints is `--continue-from`, said explicitly."""
+        from pipelines.registry import launch_plan
+
+        if not seed_dir.exists() or launch_plan() is None:
+            return
+        aside = seed_dir.with_name(f"{seed_dir.name}.unplanned-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+        seed_dir.rename(aside)
+        self.reporter.stage(experiment, "train", "warning", f"{seed_dir} was not made by this launch: moved to {aside}")
+
+    def _fetch_recorded(self, identity: RunIdentity, dest: Path) -> Path | None:
+        """A finished run of `identity` that another checkout recorded on the tracking server,
+        fetched into `dest` (pipelines.tracked_runs); with a launch plan, only a run it names."""
+        if self.tracking_uri == "none":
+            return None
+        from pipelines.registry import launch_plan
+
+        plan = launch_plan()
+        allowed = plan.reusable_runs() if plan is not None else None
+        return tracked_runs.fetch_finished(mlflow_client(self.tracking_uri), identity.key, dest,
+                                           tracking_uri=self.tracking_uri, allowed=allowed)
+
+    def _publish_record(self, experiment: str, seed_dir: Path) -> None:
+        """Makes a finished run reusable by other checkouts sharing the tracking server."""
+        if self.tracking_uri == "none":
+            return
+        try:
+            tracked_runs.publish_record(mlflow_client(self.tracking_uri), seed_dir)
+        except Exception as exc:  # noqa: BLE001 - best effort: the run stays reusable here
+            from trainer.mlflow_endpoint import short_error
+
+            self.reporter.stage(experiment, "train", "warning", f"{seed_dir.name}: record not published to MLflow: {short_error(exc)}")
 
     def _evaluate(self, spec: ExperimentSpec, seed_dirs: list[Path], run_dir: Path) -> StageOutcome:
         metric = spec.hypothesis.metric

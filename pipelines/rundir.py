@@ -18,12 +18,24 @@ from pathlib import Path
 # The one atomic write and JSON reader (re-exported: run directories are their main users).
 from validation.files import atomic_write_json, atomic_write_text, read_json
 
-__all__ = ["atomic_write_json", "atomic_write_text", "find_run_dir", "finished_training_runs", "new_run_dir",
-           "read_json", "resolve_run", "runs_root"]
+__all__ = ["DATA_CACHE_ENV", "RUNS_DIR_ENV", "atomic_write_json", "atomic_write_text", "data_cache_root",
+           "find_run_dir", "finished_training_runs", "new_run_dir", "read_json", "resolve_run", "runs_root"]
+
+
+RUNS_DIR_ENV = "PIPELINE_RUNS_DIR"
+DATA_CACHE_ENV = "PIPELINE_DATA_CACHE"
 
 
 def runs_root(repo: Path) -> Path:
-    return Path(os.environ.get("PIPELINE_RUNS_DIR", repo / "runs")).resolve()
+    """Where run directories live: `PIPELINE_RUNS_DIR` (shared storage on the GPU runners,
+    docs/operations.md "Where state lives"), else `<repo>/runs`."""
+    return Path(os.environ.get(RUNS_DIR_ENV) or repo / "runs").resolve()
+
+
+def data_cache_root(repo: Path) -> Path:
+    """Where prepared data versions live: `PIPELINE_DATA_CACHE` (shared storage), else
+    `<repo>/data/cache`."""
+    return Path(os.environ.get(DATA_CACHE_ENV) or repo / "data" / "cache").resolve()
 
 
 def find_run_dir(repo: Path, experiment: str, run_id: str) -> Path | None:

@@ -125,7 +125,7 @@ class SweepCost:
 def sweep_cost(trials: list[Trial], resolved: ResolvedExperiment, baseline: ResolvedExperiment | None) -> SweepCost:
     """Trials x selection seeds, the winner's confirmation and the baseline, from the plan's
     per-run estimates (`validation.preflight.make_plan` prices one seed)."""
-    from validation.preflight import make_plan
+    from validation.plan import make_plan
 
     plans = [make_plan(t.spec) for t in trials]
     per_trial = max(p.compute.device_hours for p in plans)
@@ -141,7 +141,7 @@ def sweep_tier(cost: SweepCost, resolved: ResolvedExperiment) -> Any:
     """The approval tier of the whole sweep (`validation.preflight.approval_tier` on its total)."""
     from dataclasses import replace
 
-    from validation.preflight import approval_tier, make_plan
+    from validation.plan import approval_tier, make_plan
 
     compute = make_plan(resolved.spec).compute
     total = replace(compute, wall_seconds=cost.total_device_hours * 3600.0 / max(1, compute.world_size),

@@ -300,7 +300,7 @@ def _realised_mixture(history: dict[str, list[tuple[int, float]]], result: dict[
 def planned_device_hours(resolved_spec: dict[str, Any]) -> float | None:
     """The preflight estimate for this spec (pure code), or None when it cannot be planned."""
     try:
-        from validation.preflight import make_plan
+        from validation.plan import make_plan
         from validation.spec import ExperimentSpec
 
         return float(make_plan(ExperimentSpec.model_validate(resolved_spec)).compute.device_hours)

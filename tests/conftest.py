@@ -35,6 +35,11 @@ from validation.environment import apply_offline_env, scoped_environ
 
 # Every process a test starts inherits these (MLflow phones home on import otherwise).
 apply_offline_env()
+# One torch thread per process: `make test` runs two workers on two cores, each training with
+# one or more ranks; with torch's default (every core per process, which `accelerate launch`
+# also picks for one CPU process) they oversubscribe the cores and each step gets several times
+# slower. Tests compare runs of the same setting, and the golden tests pin their own count.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 INFRA = Path(__file__).resolve().parent / "infra"
 

@@ -29,6 +29,8 @@ decisions of its own. Modules:
               decision that depends on one rank's observation goes through them
   parallel    `Topology` (data x tensor parallel), `make_accelerator` (with the FSDP-on-CPU patch),
               FSDP2 / TP model materialised shard by shard from the meta device
+  dry_run     the full-scale dry run of `pipeline plan --dry-run`: the real model on fake tensors,
+              sharded by `parallel` over a fake process group, one step under torch's memory tracker
   measure     what an architecture declares, measured: parameters on the meta device, FLOPs on
               fake tensors (refusing uncounted ops), saved activations of one block
   record      the run record, pure functions: MLflow tags and params, result.json

@@ -38,9 +38,10 @@ def first_error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def record_startup_failure(run_dir: Path, exc: BaseException) -> bool:
+def record_startup_failure(run_dir: Path, exc: BaseException, hint: str = "") -> bool:
     """Write result.json "failed" / "startup_failure" for a deterministic failure before the
-    first step (each rank may; the same content, atomic). Returns False for a transient one."""
+    first step (each rank may; the same content, atomic), with `hint` after the first error
+    line. Returns False for a transient one."""
     import json
     import os
     import time
@@ -48,6 +49,7 @@ def record_startup_failure(run_dir: Path, exc: BaseException) -> bool:
     line = first_error_line(exc)
     if any(word in line.lower() for word in TRANSIENT_WORDS):
         return False
+    line += f" ({hint})" if hint else ""
     rank = os.environ.get("RANK", "0")
     result = {"status": "failed", "stop_reason": "startup_failure", "error": line,
               "reason": f"failed before the first step on rank {rank}: {line}", "rank": int(rank),
@@ -71,12 +73,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(args, state)
     except Exception as exc:  # noqa: BLE001 - classified: startup (deterministic) or a crash (retried)
-        if state.get("joined") and not _started(state) and record_startup_failure(args.run_dir, exc):
+        startup = state.get("joined") and not _started(state)
+        hint = _tp_hint(state.get("spec")) if startup else ""
+        if startup and record_startup_failure(args.run_dir, exc, hint):
             traceback.print_exc()
-            print(f"error: failed before the first step: {first_error_line(exc)} (not relaunched: it would fail "
-                  "the same way)", file=sys.stderr)
+            print(f"error: failed before the first step: {first_error_line(exc)}{f' ({hint})' if hint else ''} "
+                  "(not relaunched: it would fail the same way)", file=sys.stderr)
             return 14
         raise
+
+
+def _tp_hint(spec: object) -> str:
+    """Under tensor parallelism, which module the architecture's tp_plan forgets (or "")."""
+    if spec is None or spec.parallel_layout().tp <= 1:  # type: ignore[attr-defined]
+        return ""
+    from trainer.contract_checks import tp_plan_hint
+
+    return tp_plan_hint(spec.model)  # type: ignore[attr-defined]
 
 
 def _main(args: argparse.Namespace, state: dict[str, object]) -> int:
@@ -122,6 +135,7 @@ def _main(args: argparse.Namespace, state: dict[str, object]) -> int:
             resolved = resolve_smoke(resolved, PreparedData.open(args.data_dir, verify=False).vocab_size)
             spec = resolved.spec
             overfit = True
+        state["spec"] = spec
         trainer = Trainer(spec, args.run_dir, args.data_dir, tracking_uri=uri, overfit_one_batch=overfit,
                           peak=resolved.compute.peak.device(), repo_root=Path(resolved.repo_root))
         state["trainer"] = trainer

@@ -28,7 +28,6 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from models import EXPORT_FILE
 from trainer import record
 from trainer.checkpoint.format import checkpoint_name, describe_layout, layout_record, list_checkpoints
 from trainer.checkpoint.manager import CheckpointManager
@@ -167,7 +166,7 @@ class Trainer:
         if self.device.type == "cpu":  # activations live in host memory: no page faults per step
             keep_freed_memory_in_heap()
         self.comm = Collectives(self.world, self.device)
-        mesh = make_mesh(topo, self.device.type) if topo.sharded else None
+        mesh = make_mesh(topo, self.device.type) if topo.sharded and topo.pp == 1 else None
         self.faults = FaultPlan.from_env(self.rank)
         setup_logging(self.run_dir, self.rank, console_level)
 
@@ -183,8 +182,16 @@ class Trainer:
         init_from = Path(spec.model.init_from) if spec.model.init_from else None
         if init_from is not None and not init_from.is_absolute():  # relative to the repository, like data paths
             init_from = Path(__file__).resolve().parent.parent / init_from
-        self.raw_model: torch.nn.Module = build_model(spec, topo, self.device, tr.seed, init_from, mesh)
-        self.n_params = parameter_count(self.raw_model)
+        self.pipeline: Any = None
+        if topo.pp > 1:  # this rank's stages (trainer/pipeline_parallel.py); the holder has its parameters
+            from trainer.pipeline_parallel import PipelineEngine
+
+            self.pipeline = PipelineEngine(spec, topo.world, topo.rank, self.device, tr.seed)
+            self.raw_model: torch.nn.Module = self.pipeline.holder
+        else:
+            self.raw_model = build_model(spec, topo, self.device, tr.seed, init_from, mesh,
+                                         compile_backend="inductor" if tr.compile else None)
+        self.n_params = parameter_count(self.raw_model) if self.pipeline is None else spec.model.parameter_count()
         declared = spec.model.parameter_count()
         if self.n_params != declared:  # the plan, the memory check and MFU all rest on the declared count
             raise TrainingError(f"models/{spec.model.model_type}.py: parameter_count() says {declared:,} but the "
@@ -197,15 +204,20 @@ class Trainer:
         self.optimizer = build_optimizer(self.raw_model, tr, spec.model)
         self.total_steps = spec.total_steps(self.dp)
         self.scheduler = build_scheduler(self.optimizer, tr, self.total_steps)
-        if tr.compile and topo.sharded:
-            # Compiling must happen per block before fully_shard (torchtitan's order); not done yet.
-            log.warning("train.compile is ignored under a sharded layout (FSDP/TP): the model runs eagerly")
-        model = torch.compile(self.raw_model) if tr.compile and not topo.sharded else self.raw_model
-        self.model, self.optimizer = acc.prepare(model, self.optimizer)
-        if not topo.sharded and not tr.compile:
+        # train.compile: `build_model` compiled each block in place (every layout, before FSDP).
+        # One path for all layouts, rather than the whole model when unsharded: the same graphs
+        # and numbers in every layout, state-dict names without `_orig_mod.`, one compile per block type.
+        if tr.compile and self.pipeline is not None:
+            log.warning("train.compile is not applied to pipeline stages (parallel.pp > 1): they run eagerly")
+        if self.pipeline is None:
+            self.model, self.optimizer = acc.prepare(self.raw_model, self.optimizer)
+        else:
+            self.model = self.raw_model
+        if not topo.sharded:
             autocast_without_output_upcast(acc, self.raw_model)
         # The silent DDP fallback must be impossible: a sharded layout holds ~1/degree per rank.
-        self.local_params, _ = assert_sharded(self.model, topo)
+        self.local_params, _ = assert_sharded(self.model, topo) if self.pipeline is None else (
+            parameter_count(self.raw_model), self.n_params)
         self._seed_rank()
 
         # ---- state, sinks, monitoring, the seams
@@ -232,11 +244,21 @@ class Trainer:
         # On a GPU every host read of a device value waits for the device: loss and grad norm stay
         # there and are read once per log interval (trainer/step_metrics.py). A CPU read is free,
         # so CPU runs read every step (TRAINER_DEFER_STEP_METRICS=1 forces the GPU path, for tests).
+        if self.pipeline is not None:
+            from trainer.pipeline_parallel import PipelineStepRunner
+
+            self.step_fn = PipelineStepRunner(self.pipeline, self.optimizer, self.scheduler,  # type: ignore[assignment]
+                                              self.comm, tr.grad_clip, acc.autocast)
         self.step_fn.defer = self.device.type == "cuda" or os.environ.get("TRAINER_DEFER_STEP_METRICS") == "1"
         self.pending = DeviceScalars(self._sum_loss_shares if self.world > 1 else None)
         # Sharded forwards are collectives: every rank evaluates every batch (same count of forwards).
         self.evaluate = Evaluator(spec, self.prepared, self.comm, self.rank, acc.autocast,
                                   lambda batch: to_device(batch, self.device), split=not topo.sharded)
+        if self.pipeline is not None:  # every rank runs every eval batch through the stages
+            from trainer.pipeline_parallel import EvalModel
+
+            evaluator, staged = self.evaluate, EvalModel(self.pipeline)
+            self.evaluate = lambda _model: evaluator(staged)  # type: ignore[assignment,method-assign]
         self.resumed_from: str | None = None
         self.ckpt_write_s: list[float] = []
         self._sigterm = False
@@ -536,7 +558,7 @@ class Trainer:
             total_steps=self.total_steps, n_params=self.n_params, flops_per_token=self.flops_per_token,
             alerts=self.alerts.count, wall_s=time.time() - self.t_start)
         result["layout"] = {"dp": self.dp, "tp": self.topo.tp, "fsdp": self.topo.fsdp, "sharded": self.topo.sharded,
-                            "replicate": self.topo.replicate, "shard": self.topo.shard,
+                            "replicate": self.topo.replicate, "shard": self.topo.shard, "pp": self.topo.pp,
                             "params_on_rank0": self.local_params}
         if self.downstream is not None:
             result["downstream"] = {k: v for k, v in self.downstream.items() if k != "metrics"}
@@ -566,6 +588,7 @@ class Trainer:
             "perf/peak_mem_gb": _peak_mem_gb(),
         }
         metrics |= {f"data/mix/{src}": c / total_rows for src, c in zip(sources, counts, strict=True)}
+        metrics |= self._architecture_metrics()
         if metrics["perf/mfu"] > 1.0 and not self._mfu_warned:
             self._mfu_warned = True  # the peak is a table value, not a measurement: say when it is wrong
             log.warning("perf/mfu %.2f exceeds 1: this device's peak (%s, %.3g TFLOPS) is too low for it; "
@@ -574,6 +597,16 @@ class Trainer:
         self.sink.log_metrics(step, metrics)
         log.info("step %d/%d %s", step, self.total_steps, _fmt(metrics))
         return metrics
+
+    def _architecture_metrics(self) -> dict[str, float]:
+        """The architecture's own metrics since the last log line (`step_metrics`, e.g. a mixture of
+        experts' router load), averaged over ranks (every rank reports the same keys)."""
+        extra = self.spec.model.step_metrics(self.raw_model)
+        if not extra:
+            return {}
+        keys = sorted(extra)
+        sums = self.comm.all_reduce([float(extra[k]) for k in keys])
+        return {k: v / self.world for k, v in zip(keys, sums, strict=True)}
 
     def param_checksum(self) -> str:
         """sha256 of every parameter's bytes: equal on all ranks when data parallelism is correct."""
@@ -594,7 +627,7 @@ class Trainer:
         scores 4 examples of each task: a broken task fails the PR check, not the GPU job."""
         if self.spec.eval is None:
             return {}
-        from trainer.lm_eval_scoring import RESULTS_DIR, evaluate_export
+        from trainer.lm_eval_scoring import RESULTS_DIR, evaluate_export, upload_samples
 
         spec = self.spec.eval
         if self.overfit:
@@ -609,12 +642,16 @@ class Trainer:
             self.downstream = {"error": f"{type(exc).__name__}: {exc}", "tasks": {}}
             return {}
         failed = [name for name, t in self.downstream["tasks"].items() if "error" in t]
+        # Per-example records beside the metrics in MLflow (artifacts `downstream/`), best effort.
+        not_uploaded = upload_samples(self.run_dir, self.run_dir / RESULTS_DIR)
+        self.downstream["mlflow_artifacts"] = RESULTS_DIR if not_uploaded is None else f"not uploaded: {not_uploaded}"
         log.info("downstream tasks scored in %.1f s: %s%s", time.time() - started, _fmt(metrics),
                  f"; FAILED: {', '.join(failed)}" if failed else "")
         return metrics
 
     def export(self) -> None:
-        """RUN/model/: safetensors + config.json + tokenizer.json, for the registry."""
+        """RUN/model/: safetensors, the tokenizer files transformers loads, the architecture's own
+        files (config.json, ...) and export.json, for the registry (models/_export.py)."""
         out = self.run_dir / "model"
         tmp = self.run_dir / ".model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -634,10 +671,11 @@ class Trainer:
 
             state = {k: v.detach().contiguous().cpu() for k, v in self.raw_model.state_dict().items() if k not in tied}
             save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        # The architecture writes what loading needs (a transformers config.json, ...) and says how.
-        note = arch.export(self.raw_model, tmp)  # the same note `export_note()` gives result.json
-        atomic_write_json(tmp / EXPORT_FILE, {"model": arch.model_dump(mode="json"), "export": note.model_dump()})
-        shutil.copy2(self.prepared.tokenizer_path, tmp / "tokenizer.json")
+        # Tokenizer files transformers reads, then what the architecture needs to load (a
+        # transformers config.json with the tokenizer's special ids, ...), then export.json.
+        from models._export import write_export
+
+        write_export(arch, self.raw_model, tmp, self.prepared.tokenizer_path)
         shutil.rmtree(out, ignore_errors=True)
         os.rename(tmp, out)
 
@@ -670,8 +708,7 @@ def autocast_without_output_upcast(acc: Any, model: torch.nn.Module) -> None:
     output to fp32: for a causal LM that is the whole logits tensor (batch x seq x vocab) each
     micro-batch, which the trainer never reads (the loss is already computed in fp32 inside the
     model). Measured: 2 % of a CPU bf16 step (253.5 -> 248.9 ms, bench/ab_trainer_step.py).
-    FSDP/TP layouts (their own mixed-precision policy) and compiled models keep accelerate's
-    wrapper as it is.
+    FSDP/TP layouts (their own mixed-precision policy) keep accelerate's wrapper as it is.
     """
     from types import MethodType
 

@@ -2,12 +2,19 @@
 saved activations of one block. Used by the smoke stage (the real model against
 `spec.resolved.json`), the contract tests (every file under models/) and the bench.
 
-FLOPs: `torch.utils.flop_counter.FlopCounterMode` under `FakeTensorMode` (no memory, no
-compute). Its blind spot is an op without a FLOP formula, counted as 0 silently (CPU SDPA,
-`_grouped_mm`): `UncountedOps` lists every executed matmul-like op that has no formula, and
-`count_training_flops` refuses to return a number while that list is not empty. The CPU flash
-attention op gets the formula of the MFU convention (forward 4 x b x heads x s^2 x head_dim,
+FLOPs: the formulas of `torch.utils.flop_counter` (what its `FlopCounterMode` sums) under
+`FakeTensorMode` (no memory, no compute). Their blind spot is an op without a FLOP formula,
+counted as 0 silently (CPU SDPA, `_grouped_mm`): `UncountedOps` lists every executed
+matmul-like op that has no formula, and `count_training_flops` refuses to return a number while
+that list is not empty. The CPU flash attention op gets the formula of the MFU convention (forward 4 x b x heads x s^2 x head_dim,
 backward twice that: the useful work, not the kernel's recomputation).
+
+Data-dependent shapes (a dropless mixture of experts: `torch.where` picks each expert's
+tokens) cannot run on fake tensors (`DynamicOutputShapeException: aten.nonzero`):
+`measure_training_flops` then counts the same forward + backward on real tensors, on the CPU,
+for the (tiny) configuration it is given, and says so (`FlopCount.tensors`, `.reason`). The
+count is then the one of that batch's routing: exact when every token does the same work
+(dropless top-k), not when it depends on the data (capacity-dropping routers).
 """
 
 from __future__ import annotations
@@ -74,26 +81,96 @@ class UncountedOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count_training_flops(arch: Any, seq_len: int, batch: int = 1) -> float:
-    """FLOPs of one forward + backward of `arch.build()` on `batch` rows of `seq_len` tokens,
-    per token. Raises `MeasureError` when an executed matmul-like op has no FLOP formula."""
+@dataclass(frozen=True)
+class FlopCount:
+    """Training FLOPs per token as torch counted them, and on what."""
+
+    per_token: float
+    tensors: str
+    """"fake" (no memory, no compute) or "real" (the forward has data-dependent shapes)."""
+    reason: str | None = None
+    """Why fake tensors could not run it (the op), when `tensors` is "real"."""
+
+    def describe(self) -> str:
+        """One phrase for smoke.json and the logs."""
+        return "fake tensors" if self.tensors == "fake" else f"real tensors on the CPU ({self.reason})"
+
+
+def _data_dependent(exc: BaseException) -> bool:
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    return isinstance(exc, (DynamicOutputShapeException, DataDependentOutputException))
+
+
+class _CountFlops(UncountedOps):
+    """torch's FLOP formulas summed over every executed op (what `FlopCounterMode` totals, without
+    its per-module tracking, which costs seconds on real tensors), plus `UncountedOps`' guard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        formula = self.registry.get(getattr(func, "overloadpacket", func))
+        if formula is not None:
+            self.total += int(formula(*args, **kwargs, out_val=out))
+        return out
+
+
+def _count(arch: Any, seq_len: int, batch: int, fake: bool) -> float:
+    import contextlib
+
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils.flop_counter import FlopCounterMode
 
     _register_cpu_attention_formulas()
-    with FakeTensorMode():
-        model = arch.build()
-        ids = torch.zeros(batch, seq_len, dtype=torch.long)
+    with FakeTensorMode() if fake else torch.random.fork_rng(devices=[]):
+        if not fake:
+            torch.manual_seed(0)
+        with contextlib.nullcontext() if fake else torch.device("cpu"):
+            model = arch.build()
+        model.train()
+        # Real tensors: varied tokens (routing sees a realistic mix); fake ones have no values.
+        ids = (torch.zeros(batch, seq_len, dtype=torch.long) if fake
+               else torch.randint(0, arch.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0)))
         pos = torch.arange(seq_len).expand(batch, seq_len)
         labels = ids.clone()
-        uncounted = UncountedOps()
-        counter = FlopCounterMode(display=False)
-        with counter, uncounted:
+        counter = _CountFlops()
+        with counter:
             out = model(input_ids=ids, position_ids=pos, labels=labels, use_cache=False)
             out.loss.backward()
-    if uncounted.missing:
-        raise MeasureError(f"ops without a FLOP formula ran (counted as 0): {sorted(uncounted.missing)}")
-    return float(counter.get_total_flops()) / (batch * seq_len)
+    if counter.missing:
+        raise MeasureError(f"ops without a FLOP formula ran (counted as 0): {sorted(counter.missing)}")
+    return float(counter.total) / (batch * seq_len)
+
+
+def measure_training_flops(arch: Any, seq_len: int, batch: int = 1) -> FlopCount:
+    """FLOPs of one forward + backward of `arch.build()` on `batch` rows of `seq_len` tokens,
+    per token: on fake tensors, or on real CPU tensors when the forward has a data-dependent
+    shape (keep `arch` tiny then: it is built and run for real). Raises `MeasureError` when an
+    executed matmul-like op has no FLOP formula."""
+    try:
+        return FlopCount(_count(arch, seq_len, batch, fake=True), "fake")
+    except Exception as exc:  # noqa: BLE001 - only data-dependent shapes fall back; the rest re-raises
+        if not _data_dependent(exc):
+            raise
+        op = str(exc).split()[0] if str(exc) else type(exc).__name__
+        reason = f"{type(exc).__name__}: {op} has a data-dependent output shape"
+    # One thread: a tiny model's ops are too small to split, and on a busy CPU every parallel
+    # region waits for a free core (measured: models/moe.py's contract check 23.6 s -> 2.0 s at
+    # load 10 on 2 cores).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return FlopCount(_count(arch, seq_len, batch, fake=False), "real", reason)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def count_training_flops(arch: Any, seq_len: int, batch: int = 1) -> float:
+    """`measure_training_flops(...).per_token`."""
+    return measure_training_flops(arch, seq_len, batch).per_token
 
 
 @dataclass(frozen=True)

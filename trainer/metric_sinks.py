@@ -234,11 +234,16 @@ class MlflowSink:
                  run_name: str | None = None):
         _quiet_http()
         self.tracking_uri = tracking_uri
-        self.experiment = experiment
+        # On GitHub every run of a training job goes to the job's own MLflow experiment, the
+        # only one its credential may write (pipelines/github/job_credentials.py).
+        job_experiment = os.environ.get("PIPELINE_MLFLOW_EXPERIMENT")
+        self.experiment = job_experiment or experiment
         self.run_dir = Path(run_dir)
         self.spool = self.run_dir / SPOOL
         self.run_file = self.run_dir / RUN_FILE
         saved = json.loads(self.run_file.read_text()) if self.run_file.is_file() else {}
+        if job_experiment and saved.get("experiment") not in (None, job_experiment):
+            saved = {}  # an earlier job's run in its own experiment: this job continues in a new MLflow run
         self.run_id: str | None = run_id or saved.get("run_id")
         self.run_name = run_name or saved.get("run_name") or self.run_dir.name
         self.high_water: dict[str, int] = {}

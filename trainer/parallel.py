@@ -6,12 +6,15 @@ Accelerator; for FSDP it applies the CPU patch (accelerate 1.15 silently runs pl
 when asked for FSDP on CPU: its state only switches FSDP on for GPU-like devices, so
 `distributed_type` is set on both `PartialState()` and `acc.state` and the plugin attached;
 see ../shared/STACK-NOTES.md). `build_model` creates the network on the meta device and
-materialises only this rank's shards, so no rank ever holds the full model:
+materialises only this rank's shards, so no rank ever holds the full model (two halves,
+`shard_on_meta` then `materialize`: trainer/dry_run.py runs the second on fake tensors):
 
   - each decoder layer its own FSDP group, the input embeddings their own, the final norm +
     LM head one more (a tied embedding / LM head stays in the root group), then the root;
   - TP by the architecture's plan (`tensor_parallel_plan()`: module names -> column-wise,
     row-wise, replicate) on the `tp` axis of a 2-D mesh, FSDP on `dp`;
+  - with `train.compile`, each block `torch.compile`d in place after activation checkpointing
+    and TP, before `fully_shard` (torchtitan's order; `apply_compile`), in every layout;
   - parameters initialised one at a time from a seeded generator (the architecture's
     `init_parameter`) and sliced to the local shard, so every layout (plain, DDP, FSDP, TP)
     starts from identical weights.
@@ -48,6 +51,8 @@ class Topology:
     fsdp: bool
     replicate: int = 1
     """HSDP: FSDP shards inside each of `replicate` groups (one per node) and replicates across them."""
+    pp: int = 1
+    """Pipeline stages (trainer/pipeline_parallel.py): rank = dp index x pp + stage rank."""
 
     @property
     def shard(self) -> int:
@@ -56,11 +61,11 @@ class Topology:
 
     @property
     def sharded(self) -> bool:
-        return self.world > 1 and (self.fsdp or self.tp > 1)
+        return self.world > 1 and (self.fsdp or self.tp > 1 or self.pp > 1)
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // self.tp
+        return self.rank // (self.tp * self.pp)
 
     @property
     def tp_rank(self) -> int:
@@ -69,8 +74,10 @@ class Topology:
     @staticmethod
     def from_layout(layout: ParallelLayout, world: int, rank: int, nodes: int = 1) -> Topology:
         if layout.pp > 1:
-            raise TrainingError(f"parallel.pp={layout.pp}: pipeline parallelism is not executable by this "
-                                "trainer (validation/capability.py); set pp: 1")
+            if layout.tp > 1 or layout.fsdp or world % layout.pp:
+                raise TrainingError(f"parallel.pp={layout.pp} runs with plain data parallelism over the "
+                                    f"{world} processes only (validation/capability.py)")
+            return Topology(world=world, rank=rank, dp=world // layout.pp, tp=1, fsdp=False, pp=layout.pp)
         tp = layout.tp
         if world % tp:
             raise TrainingError(f"parallel.tp={tp} does not divide the {world} processes")
@@ -85,7 +92,7 @@ class Topology:
 def make_accelerator(precision: str, topo: Topology) -> Accelerator:
     from accelerate import Accelerator
 
-    if not topo.sharded:
+    if not topo.sharded or topo.pp > 1:  # pipeline stages: trainer/pipeline_parallel.py
         return Accelerator(mixed_precision=precision)
     from accelerate import FullyShardedDataParallelPlugin
     from accelerate.state import PartialState
@@ -134,7 +141,42 @@ def apply_tp_plan(arch: Any, model: torch.nn.Module, mesh: DeviceMesh) -> None:
                 raise TrainingError(f"models/{arch.model_type}.py: tp_plan names '{name}', which block {index} "
                                     f"({type(block).__name__}) does not have")
             plan[name] = styles[style]()
+            _check_tp_split(arch, block, index, name, style, mesh.size())
         parallelize_module(block, mesh, plan)
+
+
+def apply_compile(arch: Any, model: torch.nn.Module, backend: str = "inductor") -> None:
+    """`torch.compile` each decoder block in place (`Module.compile`: names and state dict keys
+    unchanged), after TP and activation checkpointing, before `fully_shard` (torchtitan's
+    `apply_compile`). The blocks share one code object, so the first compiles and the others
+    reuse its graph. Inductor on a CPU needs a C++ compiler: without one, one line, before any step."""
+    import os
+    import shutil
+
+    import torch
+
+    cxx = os.environ.get("CXX", "g++")  # what inductor runs (torch._inductor.config.cpp.cxx)
+    if backend == "inductor" and not torch.cuda.is_available() and shutil.which(cxx) is None:
+        raise TrainingError(f"train.compile on a CPU needs a C++ compiler: '{cxx}' is not on PATH "
+                            "(install g++ or set CXX; or set train.compile: false)")
+    for block in arch.blocks(model):
+        block.compile(backend=backend)
+
+
+# What each style splits: (weight dimension, what the dimension is called).
+_TP_SPLIT_DIM: dict[str, tuple[int, str]] = {"colwise": (0, "output features"), "rowwise": (1, "input features")}
+
+
+def _check_tp_split(arch: Any, block: torch.nn.Module, index: int, name: str, style: str, tp: int) -> None:
+    """Refuse a weight whose split dimension `tp` does not divide: DTensor would chunk it unevenly and
+    the failure would surface later as a bare shape mismatch inside some forward."""
+    dim, what = _TP_SPLIT_DIM.get(style, (-1, ""))
+    weight = getattr(block.get_submodule(name), "weight", None)
+    if dim < 0 or weight is None or weight.dim() <= dim or weight.shape[dim] % tp == 0:
+        return
+    raise TrainingError(f"models/{arch.model_type}.py: tp_plan splits '{name}' {style} in block {index} "
+                        f"({type(block).__name__}), but its {weight.shape[dim]} {what} (weight dim {dim}) "
+                        f"do not split over tp={tp}; choose a tp that divides {weight.shape[dim]}")
 
 
 def mixed_precision_policy(precision: str, reduce_dtype: str) -> Any:
@@ -149,26 +191,42 @@ def mixed_precision_policy(precision: str, reduce_dtype: str) -> Any:
 
 
 def build_model(spec: ExperimentSpec, topo: Topology, device: torch.device, seed: int,
-                init_from: Path | None = None, mesh: DeviceMesh | None = None) -> torch.nn.Module:
-    """The causal LM for this rank: plain on one device, or FSDP/TP-sharded on `mesh`."""
-    import torch
+                init_from: Path | None = None, mesh: DeviceMesh | None = None,
+                compile_backend: str | None = None) -> torch.nn.Module:
+    """The causal LM for this rank: plain on one device, or FSDP/TP-sharded on `mesh`; its
+    blocks compiled with `compile_backend` (the trainer: inductor when `train.compile`)."""
+    model, buffers = shard_on_meta(spec, topo, mesh, compile_backend)
+    return materialize(model, buffers, spec.model, device, seed, init_from)
+
+
+def shard_on_meta(spec: ExperimentSpec, topo: Topology, mesh: DeviceMesh | None = None,
+                  compile_backend: str | None = None) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """The model on the meta device with activation checkpointing, TP, per-block compile (with
+    `compile_backend`; none by default) and FSDP applied, and its buffers' values (real): no
+    parameter memory is touched yet (`trainer.dry_run` runs this before entering fake tensors,
+    then `materialize` inside them; it measures the eager model)."""
     from accelerate import init_empty_weights
 
     arch = spec.model
     with init_empty_weights(include_buffers=False):  # parameters on meta, buffers (rotary) real
         model: Any = arch.build()
-    if spec.train.activation_checkpointing:
-        arch.enable_activation_checkpointing(model)  # every block
+    if spec.train.activation_checkpointing != "none":
+        from trainer.activation_checkpointing import apply_activation_checkpointing
+
+        apply_activation_checkpointing(arch, model, spec.train.activation_checkpointing)
     buffers = {name: buf.clone() for name, buf in model.named_buffers()}
+    if topo.sharded and topo.tp > 1:
+        assert mesh is not None
+        if not arch.tensor_parallel_plan():
+            raise TrainingError(f"model_type {arch.model_type} declares no tensor-parallel plan; "
+                                "set parallel.tp: 1")
+        apply_tp_plan(arch, model, mesh["tp"])
+    if compile_backend:  # torchtitan's order: TP -> activation checkpointing -> compile -> FSDP
+        apply_compile(arch, model, compile_backend)
     if topo.sharded:
         assert mesh is not None
         from torch.distributed.fsdp import fully_shard
 
-        if topo.tp > 1:
-            if not arch.tensor_parallel_plan():
-                raise TrainingError(f"model_type {arch.model_type} declares no tensor-parallel plan; "
-                                    "set parallel.tp: 1")
-            apply_tp_plan(arch, model, mesh["tp"])
         policy = mixed_precision_policy(spec.train.precision, spec.parallel_layout().reduce_dtype)
         # A 2-D (replicate, shard) mesh makes fully_shard hybrid (HSDP).
         kw: dict[str, Any] = {"mesh": mesh if topo.replicate > 1 else mesh["dp"], "mp_policy": policy}
@@ -184,9 +242,19 @@ def build_model(spec: ExperimentSpec, topo: Topology, device: torch.device, seed
         # group of its own would reduce the head's gradient before the embedding's part arrives
         # (two reductions instead of one: the same sum, another rounding, no longer DDP-exact).
         fully_shard(model, **kw)
+    return model, buffers
+
+
+def materialize(model: torch.nn.Module, buffers: dict[str, torch.Tensor], arch: Any, device: torch.device,
+                seed: int, init_from: Path | None = None) -> torch.nn.Module:
+    """Allocate this rank's parameters on `device`, restore the buffers, initialise (seeded, or
+    `init_from`)."""
+    import torch
+
     model.to_empty(device=device)
-    if arch.tie_word_embeddings and hasattr(model, "tie_weights"):
-        model.tie_weights()  # `to_empty` swaps each tensor, which unties a shared output weight
+    tie = getattr(model, "tie_weights", None)
+    if arch.tie_word_embeddings and tie is not None:
+        tie()  # `to_empty` swaps each tensor, which unties a shared output weight
     with torch.no_grad():
         for name, buf in model.named_buffers():
             if name in buffers:
@@ -227,20 +295,12 @@ def init_parameters(model: torch.nn.Module, seed: int, arch: Any) -> None:
 
 
 def load_full_weights(model: torch.nn.Module, directory: Path, arch: Any) -> None:
-    """`init_from` for any layout: each tensor read on its own from model.safetensors (streamed)."""
-    import torch
-    from safetensors import safe_open
+    """`init_from` for any layout: a local Hugging Face checkpoint directory (config.json checked
+    against the spec; model.safetensors or the shards of model.safetensors.index.json), each
+    tensor read on its own and sliced to this rank's shard (trainer/hf_checkpoint.py)."""
+    from trainer.hf_checkpoint import load_checkpoint
 
-    path = Path(directory) / "model.safetensors"
-    tied = set(arch.tied_weight_names) if arch.tie_word_embeddings else set()
-    with safe_open(str(path), framework="pt") as fh, torch.no_grad():
-        keys = set(fh.keys())
-        for name, param in model.named_parameters():
-            if name not in keys:
-                if name in tied:
-                    continue
-                raise ValueError(f"{path}: missing {name}")
-            _copy_full_into(param, fh.get_tensor(name))
+    load_checkpoint(model, Path(directory), arch, _copy_full_into)
 
 
 def local_and_total_params(model: torch.nn.Module) -> tuple[int, int]:

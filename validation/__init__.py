@@ -14,7 +14,7 @@ validate` imports it without torch, so this package imports nothing.
   rules           cross-field rules, each `Violation` naming the field to change
   schema          the JSON Schema of an experiment file (`experiments/schema.json`), generated
   resolved        resolve once: `ResolvedExperiment`, written and read as `spec.resolved.json`
-  preflight       parallel plan, memory and compute estimates, approval tier (pure)
+  plan/           parallel plan, memory and compute estimates, approval tier (pure; preflight.py re-exports it)
   capability      what the trainer can execute (`TRAINER`), read by validate, plan, smoke, trainer
   flops           device peak FLOPS and training FLOPs per token: one table, one formula
   eval_tasks      `eval.tasks` (lm-evaluation-harness tasks), checked without lm-eval or torch

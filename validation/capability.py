@@ -6,9 +6,9 @@ with the line of `parallel` and what to change, never on the GPU runner after `/
 
 Today the trainer runs data parallelism (DDP through accelerate), FSDP2 and tensor
 parallelism (DTensor, on a 2-D mesh with FSDP), on GPUs and on CPU processes (gloo):
-tests/integration/test_trainer_parallel.py runs each on two CPU ranks. Pipeline parallelism is not
-executable (no exact, tested implementation yet); when it is, its owner adds "pp" to
-`TRAINER` below and every check follows from that one line.
+tests/integration/test_trainer_parallel.py runs each on two CPU ranks. Pipeline parallelism
+(trainer/pipeline_parallel.py) runs with plain data parallelism, not yet with FSDP or TP
+(tests/integration/test_pipeline_parallel.py).
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ class ExecutionCapability:
     """Axes usable when `resource.gpus_per_node > 0` (NCCL)."""
     cpu: frozenset[Axis]
     """Axes usable on CPU processes (gloo)."""
+    pp_alone: bool = False
+    """Pipeline stages run on trainer/pipeline_parallel.py: with plain data parallelism only (not
+    FSDP or TP), and its schedules need enough micro-batches (validation/rules.py)."""
+    plans_pp: bool = True
+    """`parallel: auto` may place pipeline stages (the trainer's explicit layouts may use pp either way)."""
 
     def model_refusals(self, layout: ParallelLayout, model: Architecture) -> list[tuple[Axis, str]]:
         """(axis, what to change) when `layout` needs something the architecture lacks: a
@@ -47,6 +52,10 @@ class ExecutionCapability:
             problem = model.tp_problem(layout.tp)
             assert problem is not None
             return [("tp", problem)]
+        if layout.pp > 1:
+            staged = pipeline_problem(model)
+            if staged:
+                return [("pp", staged)]
         return []
 
     def axes(self, on_gpu: bool) -> frozenset[Axis]:
@@ -63,6 +72,11 @@ class ExecutionCapability:
         runs = ", ".join(_AXIS_NAMES[a] for a in AXES if a in allowed) or "nothing"
         fix: dict[Axis, str] = {"fsdp": "fsdp: false", "tp": "tp: 1", "pp": "pp: 1"}
         out: list[tuple[Axis, str]] = []
+        if self.pp_alone and layout.pp > 1 and (layout.tp > 1 or layout.fsdp):
+            out_pp = "tp: 1" if layout.tp > 1 else "fsdp: false"
+            return [("pp", f"pipeline parallelism runs with plain data parallelism only (not with "
+                           f"{'tensor parallelism' if layout.tp > 1 else 'FSDP'} yet, validation/capability.py); "
+                           f"set {out_pp}")]
         for axis, active in used:
             if active and axis not in allowed:
                 extra = "" if on_gpu or axis not in self.gpu else " (it runs on GPUs: set resource.gpus_per_node)"
@@ -72,7 +86,25 @@ class ExecutionCapability:
         return out
 
 
-TRAINER = ExecutionCapability(gpu=frozenset({"dp", "fsdp", "tp"}), cpu=frozenset({"dp", "fsdp", "tp"}))
+def pipeline_problem(model: Architecture) -> str | None:
+    """Why `model` cannot be cut into pipeline stages (trainer/pipeline_parallel.py), or None.
+    A plug-in may answer itself (`pipeline_problem()`); a loss term summed over every block
+    inside the model's forward (a router's auxiliary loss) cannot be split across stages, nor
+    can an `init_from` checkpoint be loaded into stages yet."""
+    own = getattr(model, "pipeline_problem", None)
+    if callable(own):
+        answer: str | None = own()
+        return answer
+    if float(getattr(model, "router_aux_loss_coef", 0.0) or 0.0) > 0:
+        return (f"model_type {model.model_type} adds a router loss summed over all blocks inside its forward; "
+                "a pipeline stage holds only its own blocks: set pp: 1")
+    if model.init_from:
+        return "model.init_from cannot be loaded into pipeline stages yet: set pp: 1"
+    return None
+
+
+TRAINER = ExecutionCapability(gpu=frozenset({"dp", "fsdp", "tp", "pp"}), cpu=frozenset({"dp", "fsdp", "tp", "pp"}),
+                              pp_alone=True, plans_pp=False)
 """What `python -m trainer` executes today."""
 
 EVERY_LAYOUT = ExecutionCapability(gpu=frozenset(AXES), cpu=frozenset({"dp"}))

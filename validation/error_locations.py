@@ -18,7 +18,14 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from validation.errors import Issue
-from validation.spec import ARCHITECTURES, OPTIMIZERS, ExperimentSpec
+from validation.spec import (
+    ARCHITECTURES,
+    BROKEN_ARCHITECTURES,
+    BROKEN_OPTIMIZERS,
+    OPTIMIZERS,
+    PLUGIN_BROKEN,
+    ExperimentSpec,
+)
 from validation.yaml_source import CONTROL_CHARS, Loc, LocatedDoc, PathKey, display_path, dotted, short
 
 
@@ -111,6 +118,19 @@ class SpecIssues:
         value = ctx.get("tag") or _get(doc.data, (*path, key))
         self.add_at(doc, (*path, key), f"unknown {key} '{value!s}': no {where}/{value}.py; one of: {known}")
 
+    def _map_broken_plugin(self, doc: LocatedDoc, path: PathKey) -> None:
+        """The selected plug-in file does not load: the issue is at that file's line (a PR
+        annotation on the plug-in), naming the experiment line that selects it."""
+        key = "name" if path and path[-1] == "optimizer" else "model_type"
+        value = _get(doc.data, (*path, key))
+        error = (BROKEN_OPTIMIZERS if key == "name" else BROKEN_ARCHITECTURES).get(str(value))
+        at = self.locate(doc, (*path, key))
+        if error is None:  # not expected: the union only fails this way for a known broken file
+            self.add(at.file, at.line, at.col, dotted((*path, key)), f"{key} '{value}' does not load")
+            return
+        self.add(error.file, error.line or 1, 1, dotted((*path, key)),
+                 f"{error.reason} ({key} '{value}' selected by {at.file}:{at.line})")
+
     @staticmethod
     def _poisoned(doc: LocatedDoc, path: PathKey) -> bool:
         return any(path[: len(bad)] == bad for bad in doc.poisoned)
@@ -128,6 +148,9 @@ class SpecIssues:
             return
         if kind in ("union_tag_invalid", "union_tag_not_found"):
             self._map_tag_error(doc, path, error)
+            return
+        if kind == PLUGIN_BROKEN:
+            self._map_broken_plugin(doc, path)
             return
         message = _plain_message(error)
         value = _get(doc.data, path)

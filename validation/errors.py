@@ -131,6 +131,18 @@ class TrainingError(PipelineError):
     exit_code = exit_code("training")
 
 
+class StartupFailed(TrainingError):
+    """Training failed before its first step (result.json `startup_failure`): a relaunch or a
+    rerun fails the same way, so the exit code is the trainer's own 14, never retried."""
+
+    exit_code = exit_code("startup")
+
+
+class DryRunFailed(TrainingError):
+    """The dry run at full size (trainer/dry_run.py) failed: a shape that does not split, an op
+    that cannot run on fake tensors, a peak over the device or far from the analytic plan."""
+
+
 class LaunchError(PipelineError):
     """A launcher could not start, follow or cancel a job."""
 

@@ -29,27 +29,44 @@ def deep_merge(base: Any, override: Any) -> Any:
     """Mappings merge key by key; anything else (lists, scalars, null) in `override` replaces.
 
     A plug-in section (`model`, `train.optimizer`) whose discriminator the override changes
-    (`model_type: nanogpt` over a llama base) keeps only the inherited keys the new plug-in
-    declares: the base's `num_kv_heads` is not an error of the file that switched to an
-    architecture without it. Keys the override itself sets are always checked."""
+    (`model_type: gpt2` over a llama base) keeps only the inherited keys both plug-ins read the
+    same way, i.e. declared by the same class (`hidden_size`, declared by `Architecture`): the
+    llama base's `intermediate_size: 384` (a SwiGLU width, declared by the Llama family) does
+    not become GPT-2's MLP width (declared by gpt2's own Config), and `num_kv_heads` is not an
+    error of a file that switched to an architecture without it. The plan's diff against the
+    base shows each dropped key (`384 -> None`). Keys the override itself sets are always kept."""
     if isinstance(base, dict) and isinstance(override, dict):
         merged = dict(base)
         for key in ("model_type", "name"):
             if key in override and key in base and override[key] != base[key]:
-                known = _plugin_fields(key, override[key])
-                if known is not None:
-                    merged = {k: v for k, v in base.items() if k in known}
+                shared = _shared_fields(key, base[key], override[key])
+                if shared is not None:
+                    merged = {k: v for k, v in base.items() if k in shared}
         for key, value in override.items():
             merged[key] = deep_merge(merged[key], value) if key in merged else value
         return merged
     return override
 
 
-def _plugin_fields(key: str, value: Any) -> set[str] | None:
-    """Field names of the architecture (`model_type`) or optimizer (`name`) called `value`."""
+def _shared_fields(key: str, before: Any, after: Any) -> set[str] | None:
+    """Fields of plug-in `after` that plug-in `before` declares in the very same class (so reads
+    the same way), for an architecture (`model_type`) or optimizer (`name`). Only the new
+    plug-in's own fields when the old one is unknown; None when the new one is unknown (its
+    error is reported as it is)."""
     table: dict[str, Any] = ARCHITECTURES if key == "model_type" else OPTIMIZERS
-    config = table.get(value) if isinstance(value, str) else None
-    return set(config.model_fields) if config is not None else None
+    new = table.get(after) if isinstance(after, str) else None
+    if new is None:
+        return None
+    old = table.get(before) if isinstance(before, str) else None
+    if old is None:
+        return set(new.model_fields)
+    return {name for name in new.model_fields if name in old.model_fields
+            and _declared_by(new, name) is _declared_by(old, name)}
+
+
+def _declared_by(config: type, name: str) -> type | None:
+    """The class of `config`'s hierarchy whose own annotations declare field `name` last."""
+    return next((c for c in config.__mro__ if name in vars(c).get("__annotations__", {})), None)
 
 
 class _ChainReader:

@@ -136,6 +136,7 @@ class _SpecLoader:
         for violation in rules.check(spec):
             self.issues.add_at(doc, violation.path, violation.message)
         self.check_local_tokenizer(doc, spec)
+        self.check_init_from(doc, spec)
         self.check_metric_comparable(doc, spec)
         return spec
 
@@ -164,6 +165,19 @@ class _SpecLoader:
             _COMPARING.reset(token)
         for violation in rules.metric_comparable(spec, baseline):
             self.issues.add_at(doc, violation.path, violation.message)
+
+    def check_init_from(self, doc: LocatedDoc, spec: ExperimentSpec) -> None:
+        """A Hugging Face checkpoint's `config.json` must describe the model the spec builds
+        (`init_from_problems` of the architecture: plain JSON, no torch); each disagreeing field
+        is reported on its own line. A directory that does not exist yet is the trainer's to check."""
+        from models._hf import HFCausalLM
+
+        path = spec.model.init_from
+        if path is None or ("model", "init_from") in doc.poisoned or not isinstance(spec.model, HFCausalLM):
+            return
+        directory = Path(path) if os.path.isabs(path) else self.repo_root / path
+        for field, why in spec.model.init_from_problems(directory):
+            self.issues.add_at(doc, ("model", field), f"init_from {path}: {why}")
 
     def check_local_tokenizer(self, doc: LocatedDoc, spec: ExperimentSpec) -> None:
         """A local tokenizer must fit the embedding: its `tokenizer.json` read as JSON (no

@@ -32,7 +32,7 @@ from validation.capability import AXES, TRAINER, ExecutionCapability
 from validation.errors import Issue, SpecError, UsageError
 from validation.flops import DevicePeak, device_peak, flops_per_token
 from validation.paths import data_roots, experiment_file, find_repo_root
-from validation.preflight import Locator, no_location
+from validation.plan import Locator, no_location
 from validation.spec import CHAMPION, ExperimentSpec, ParallelLayout
 
 RESOLVED_FILE = "spec.resolved.json"
@@ -209,7 +209,7 @@ def resolve_spec(
     """Resolve a spec that already passed validation (a file's, a sweep trial's, a smoke spec).
 
     `seeds` overrides the hypothesis' seeds (a baseline runs on its candidate's seeds)."""
-    from validation.preflight import plan_parallel
+    from validation.plan import plan_parallel
     from validation.rules import layout_violations
 
     root = Path(repo_root).resolve()
@@ -230,8 +230,12 @@ def resolve_spec(
                                 f"no peak FLOPS known for gpu_type '{spec.resource.gpu_type}' (known: "
                                 f"{', '.join(sorted(PEAK_TFLOPS_BF16))}); set resource.peak_tflops")])
     run_seeds = seeds if seeds is not None else [spec.train.seed + i for i in range(spec.hypothesis.seeds)]
-    runs = tuple(SeedRun(seed=s, spec=seed_spec(spec, s, layout.parallel())) for s in run_seeds)
-    steps = spec.total_steps(layout.dp)
+    # The plan keeps the spec's global batch: its micro batch, accumulation and checkpointing
+    # are what each run trains with (validation/plan/layout.py).
+    overrides = {k: v for k, v in plan.train_overrides().items() if _at(spec, k) != v}
+    planned = rebuild(spec, overrides) if overrides else spec
+    runs = tuple(SeedRun(seed=s, spec=seed_spec(planned, s, layout.parallel())) for s in run_seeds)
+    steps = planned.total_steps(layout.dp)
     return ResolvedExperiment(
         spec_file=str(Path(spec_file).resolve()) if spec_file is not None else None,
         repo_root=str(root),
@@ -245,11 +249,19 @@ def resolve_spec(
             flops_per_token=flops_per_token(spec.model, spec.data.seq_len),
             peak=Peak(tflops=peak.tflops, per=peak.per, source=peak.source),
             steps=steps,
-            tokens=steps * spec.global_batch(layout.dp) * spec.data.seq_len,
+            tokens=steps * planned.global_batch(layout.dp) * spec.data.seq_len,
         ),
         data=_data_paths(spec, root),
         identity=IdentityInputs(experiment=spec.name, spec_hash=spec.spec_hash(), seeds=tuple(run_seeds)),
     )
+
+
+def _at(spec: ExperimentSpec, dotted_path: str) -> Any:
+    """The value at a dotted spec path (`train.micro_batch_size`)."""
+    node: Any = spec
+    for key in dotted_path.split("."):
+        node = getattr(node, key)
+    return node
 
 
 def rebuild(spec: ExperimentSpec, changes: dict[str, Any]) -> ExperimentSpec:

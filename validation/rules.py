@@ -58,10 +58,39 @@ def parallel_divides_model(spec: ExperimentSpec) -> Iterator[Violation]:
             f"tp={layout.tp} must divide resource.gpus_per_node ({res.gpus_per_node}): "
             "tensor parallelism stays inside one node",
         )
-    if model.num_layers % layout.pp:
-        yield Violation(
-            ("parallel", "pp"), f"pp={layout.pp} must divide model.num_layers ({model.num_layers})"
-        )
+    yield from _pipeline_split(spec, layout)
+
+
+def _pipeline_split(spec: ExperimentSpec, layout: ParallelLayout) -> Iterator[Violation]:
+    """pp stages (x2 virtual under interleaved 1F1B) cut the layers evenly or by `pp_split`;
+    the schedule gets enough micro-batches (`train.grad_accum_steps`)."""
+    layers, pp = spec.model.num_layers, layout.pp
+    stages = pp * (2 if layout.pp_schedule == "interleaved_1f1b" else 1)
+    if layout.pp_split is not None:
+        if len(layout.pp_split) != stages or sum(layout.pp_split) != layers:
+            yield Violation(("parallel", "pp_split"),
+                            f"pp_split {layout.pp_split} must give {stages} stages summing to model.num_layers "
+                            f"({layers})")
+    elif layers % stages:
+        what = f"pp={pp}" if stages == pp else f"pp={pp} x 2 interleaved stages = {stages}"
+        yield Violation(("parallel", "pp"), f"{what} must divide model.num_layers ({layers}), "
+                                            "or give parallel.pp_split (layers per stage)")
+
+
+def _pipeline_micro_batches(spec: ExperimentSpec, layout: ParallelLayout) -> Iterator[Violation]:
+    """The trainer's schedules (torch.distributed.pipelining) need enough micro-batches (once the
+    layers split: one problem at a time)."""
+    pp, accum = layout.pp, spec.train.grad_accum_steps
+    if any(True for _ in _pipeline_split(spec, layout)):
+        return
+    if pp > 1 and layout.pp_schedule != "gpipe" and accum < pp:
+        yield Violation(("train", "grad_accum_steps"),
+                        f"parallel.pp_schedule {layout.pp_schedule} with pp={pp} needs at least {pp} micro-batches "
+                        f"(train.grad_accum_steps is {accum}); raise it or use pp_schedule: gpipe")
+    elif pp > 1 and layout.pp_schedule == "interleaved_1f1b" and accum % pp:
+        yield Violation(("train", "grad_accum_steps"),
+                        f"parallel.pp_schedule interleaved_1f1b needs train.grad_accum_steps ({accum}) "
+                        f"a multiple of pp={pp}")
 
 
 def layout_matches_resources(spec: ExperimentSpec) -> Iterator[Violation]:
@@ -91,8 +120,12 @@ def layout_is_executable(
         return
     for axis, message in capability.refusals(spec.parallel, on_gpu=spec.resource.gpus_per_node > 0):
         yield Violation(("parallel", axis), message)
+    refused = False
     for axis, message in capability.model_refusals(spec.parallel, spec.model):
+        refused = True
         yield Violation(("parallel", axis), message)
+    if capability.pp_alone and not refused and not capability.refusals(spec.parallel, spec.resource.gpus_per_node > 0):
+        yield from _pipeline_micro_batches(spec, spec.parallel)
 
 
 def layout_violations(spec: ExperimentSpec, capability: ExecutionCapability = TRAINER) -> list[Violation]:

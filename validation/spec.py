@@ -22,6 +22,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -30,8 +31,17 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
-from models import Architecture, OptimizerConfig, architectures, optimizer_configs
+from models import (
+    Architecture,
+    OptimizerConfig,
+    PluginError,
+    architectures,
+    broken_architectures,
+    broken_optimizers,
+    optimizer_configs,
+)
 from validation.eval_tasks import TASK_METRIC_PATTERN, EvalSpec
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{2,63}$"
@@ -174,19 +184,38 @@ class ForeignOptimizer(OptimizerConfig):
         return 8.0
 
 
-def _union(classes: dict[str, type[BaseModel]], key: str, foreign: type[BaseModel]) -> Any:
+PLUGIN_BROKEN = "plugin_broken"
+"""The pydantic error type of a `model_type` / optimizer `name` whose file does not load
+(`validation.error_locations` reports it at that file's line)."""
+
+
+def _broken_member(error: PluginError) -> Any:
+    """A union member that fails with the plug-in's own error: only the experiments that select
+    a broken file fail, the others validate."""
+
+    def fail(value: Any) -> Any:
+        raise PydanticCustomError(PLUGIN_BROKEN, "{error}", {"error": str(error)})
+
+    return Annotated[Any, BeforeValidator(fail)]
+
+
+def _union(classes: dict[str, type[BaseModel]], key: str, foreign: type[BaseModel],
+           broken: dict[str, PluginError] | None = None) -> Any:
     """A union of plug-in config classes selected by `key`; a name that is not a file here is
-    an error, except inside `foreign_plugins_allowed()` (then the stand-in `foreign`)."""
+    an error, except inside `foreign_plugins_allowed()` (then the stand-in `foreign`); a name
+    whose file is broken fails with that file's error."""
+    broken = broken or {}
 
     def select(value: Any) -> str | None:
         name = value.get(key) if isinstance(value, dict) else getattr(value, key, None)
         if isinstance(value, foreign):
             return FOREIGN
-        if isinstance(name, str) and name not in classes and _ALLOW_FOREIGN.get():
+        if isinstance(name, str) and name not in classes and name not in broken and _ALLOW_FOREIGN.get():
             return FOREIGN
         return name if isinstance(name, str) else None
 
     members = [Annotated[c, Tag(name)] for name, c in classes.items()] + [Annotated[foreign, Tag(FOREIGN)]]
+    members += [Annotated[_broken_member(error), Tag(name)] for name, error in broken.items()]
     return Annotated[Union[tuple(members)], Discriminator(select)]  # noqa: UP007 - built at run time
 
 
@@ -197,8 +226,12 @@ OPTIMIZERS: dict[str, type[OptimizerConfig]] = optimizer_configs()
 
 ModelSpec = Architecture
 """The type every `spec.model` has: an architecture's `Config` (see models/__init__.py)."""
-ModelUnion: Any = _union(ARCHITECTURES, "model_type", ForeignArchitecture)  # type: ignore[arg-type]
-OptimizerUnion: Any = _union(OPTIMIZERS, "name", ForeignOptimizer)  # type: ignore[arg-type]
+BROKEN_ARCHITECTURES: dict[str, PluginError] = broken_architectures()
+"""model_type -> why its file under models/ does not load (fails only the experiments selecting it)."""
+BROKEN_OPTIMIZERS: dict[str, PluginError] = broken_optimizers()
+"""optimizer name -> why its file under models/optimizers/ does not load."""
+ModelUnion: Any = _union(ARCHITECTURES, "model_type", ForeignArchitecture, BROKEN_ARCHITECTURES)  # type: ignore[arg-type]
+OptimizerUnion: Any = _union(OPTIMIZERS, "name", ForeignOptimizer, BROKEN_OPTIMIZERS)  # type: ignore[arg-type]
 
 
 def model_spec(data: dict[str, Any]) -> Architecture:
@@ -330,9 +363,9 @@ class TrainSpec(Section):
     deterministic: bool = True
     """Deterministic algorithms and seeded RNGs on every rank (bitwise-exact resume on CPU)."""
     compile: bool = False
-    """Wrap the model in `torch.compile` (inductor); the first steps compile (minutes on a CPU, which needs a C++ compiler). Effect: `bench/bench_trainer.py --compile`."""
-    activation_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward pass: less activation memory for one more forward per layer."""
+    """`torch.compile` (inductor) each decoder block, in every layout (one process, DDP, FSDP, TP: after TP and activation checkpointing, before FSDP, torchtitan's order); the first step compiles (about a minute on a CPU, which needs a C++ compiler). Effect: `bench/bench_compile.py`, `bench/bench_trainer.py --compile`."""
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    """Recompute decoder blocks' activations in the backward pass (same numbers, less memory, more compute): `full` every block (about one more forward), `selective` every 2nd block (torchtitan's layer-level selective checkpointing), `none`. `true`/`false` mean `full`/`none`."""
     log_interval: Annotated[int, Field(ge=1, le=10**6)] = 10
     """Steps between metric logs."""
     eval_interval: Annotated[int, Field(ge=1, le=10**7)] = 100
@@ -351,6 +384,14 @@ class TrainSpec(Section):
     """Floor for the out-of-memory fallback that halves the micro batch."""
     max_restarts: Annotated[int, Field(ge=0, le=100)] = 3
     """Automatic resumes after a crash before the run is failed."""
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _checkpointing_from_bool(cls, value: Any) -> Any:
+        """The boolean of earlier specs: `true` is `full`, `false` is `none`."""
+        if isinstance(value, bool):
+            return "full" if value else "none"
+        return value
 
     @model_validator(mode="after")
     def _steps_or_budget(self) -> TrainSpec:
@@ -372,7 +413,11 @@ class ParallelLayout(Section):
     tp: Annotated[int, Field(ge=1, le=512)] = 1
     """Tensor-parallel degree; must divide the attention heads."""
     pp: Annotated[int, Field(ge=1, le=512)] = 1
-    """Pipeline-parallel stages; must divide the layers."""
+    """Pipeline-parallel stages; must divide the layers (or give `pp_split`)."""
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
+    """Pipeline schedule; micro-batches are `train.grad_accum_steps` (interleaved: two stages per rank)."""
+    pp_split: list[Annotated[int, Field(ge=1)]] | None = None
+    """Layers of each stage, first to last (an uneven split); sums to the layers, one entry per stage."""
     fsdp: bool = False
     """Shard parameters, gradients and optimizer states across the data-parallel group (ZeRO-3)."""
     reduce_dtype: Literal["fp32", "compute"] = "fp32"
@@ -533,6 +578,10 @@ class ExperimentSpec(Section):
         if data.get("eval") is None:
             data.pop("eval", None)  # no tasks: the same identity as before `eval` existed
         data.get("train", {}).pop("max_restarts", None)
+        train = data.get("train", {})
+        if train.get("activation_checkpointing") in ("none", "full"):
+            # Hash as the boolean these two were before `selective` existed (same identity).
+            train["activation_checkpointing"] = train["activation_checkpointing"] == "full"
         return data
 
     def spec_hash(self) -> str:

@@ -37,7 +37,10 @@ PR_RE = re.compile(r"^[1-9][0-9]{0,8}$")
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 COMMENT_LIMIT = 65_536  # characters, GitHub's limit for a comment body
 MARKER_RE = re.compile(r"<!--\s*gitops-train", re.I)
-STAGES_IN_ORDER = ("validate", "plan", "data", "data check", "smoke")
+STAGES_IN_ORDER = ("validate", "plan", "dry run", "contract", "data", "data check", "smoke")
+# Stages that run only when the pull request has something for them: `contract` checks the plug-in
+# files under models/ a pull request adds or changes, and is skipped when it changes none.
+OPTIONAL_STAGES = frozenset({"contract"})
 # At most this many experiments per pull request get a comment (and can be trained: the same
 # cap as pipelines.github.chatops.MAX_EXPERIMENTS_PER_PR); one bundle cannot make the comment
 # job post a thousand comments and spend the repository's API budget.
@@ -173,10 +176,14 @@ def plot_smoke_losses(folder: Path) -> Path | None:
 
 def render_comment(name: str, stages: dict[str, str], folder: Path) -> str:
     """Markdown for one experiment's sticky comment at the end of the PR checks."""
-    passed = all(stages.get(stage) == "success" for stage in STAGES_IN_ORDER)
+    passed = all(stages.get(stage) == "success"
+                 or (stage in OPTIONAL_STAGES and stages.get(stage, "skipped") == "skipped")
+                 for stage in STAGES_IN_ORDER)
     lines = [f"### Experiment `{name}`", ""]
     for stage in STAGES_IN_ORDER:
         outcome = stages.get(stage) or "skipped"
+        if stage in OPTIONAL_STAGES and outcome == "skipped":
+            continue
         lines.append(f"- {_ICON.get(outcome, '•')} {stage}: {outcome}")
     lines.append("")
     smoke = _smoke_line(folder)

@@ -72,7 +72,12 @@ def prepare_data(
     `workers`: local processes (default: every core); `launcher="slurm"` submits each stage as
     a Slurm array job instead (`slurm` says how) and waits for it. A rerun after a crash resumes."""
     repo_root = Path(repo_root).resolve()
-    cache_root = Path(cache_root).resolve() if cache_root else repo_root / "data" / "cache"
+    if cache_root:
+        cache_root = Path(cache_root).resolve()
+    else:  # PIPELINE_DATA_CACHE (storage shared by the runners), else <repo>/data/cache
+        from pipelines.rundir import data_cache_root
+
+        cache_root = data_cache_root(repo_root)
     assert launcher in ("local", "slurm"), launcher
     inputs = compute_version(data, repo_root, cache_root)
     if workers is None:  # a pool costs seconds to start: small inputs are quicker in this process

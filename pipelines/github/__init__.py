@@ -12,6 +12,7 @@ this package imports nothing heavy so `pipeline --help` stays fast.
   promote     promotion on merge: the gates (pure) and the MLflow registry move
   provenance  trusted attestations of training runs, written by the default branch's `attest` job
               and the only thing promotion reads
+  cancel      `/cancel` through the Actions API: the trusted runs training a PR's experiment
   runners     self-hosted runners: capacity before a launch, listing, pruning offline ones
   ephemeral-runner.sh  one just-in-time runner for the length of one job (e.g. as a Slurm job)
 """

@@ -83,10 +83,13 @@ class Review:
 
 @dataclass(frozen=True)
 class LabelEvent:
+    """An issue event promotion reads: `labeled`, or `head_ref_force_pushed` (label "")."""
+
     label: str
     actor: str
     created_at: str
     id: int = 0
+    event: str = "labeled"
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,16 @@ class WorkflowRunInfo:
     event: str
     conclusion: str | None
     head_branch: str
+    created_at: str = ""  # set by GitHub when the run was triggered
+    status: str = ""  # queued, waiting, in_progress, completed ...
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """One job of a workflow run (`GET /actions/runs/{id}/jobs`)."""
+
+    name: str
+    status: str  # queued, waiting, in_progress, completed
 
 
 @dataclass(frozen=True)
@@ -183,8 +196,6 @@ class RunnerHost(Protocol):
     """Self-hosted runner administration."""
 
     def runners(self) -> list[Runner]: ...
-
-    def registration_token(self) -> tuple[str, str]: ...
 
     def remove_runner(self, runner_id: int) -> None: ...
 
@@ -458,25 +469,26 @@ class PyGithubHost:
         def call() -> list[LabelEvent]:
             out = []
             for ev in self._issue_lazy(number).get_events():
+                when = ev.created_at.isoformat() if ev.created_at else ""
                 if ev.event == "labeled" and ev.label is not None and ev.actor is not None:
-                    out.append(LabelEvent(label=ev.label.name, actor=ev.actor.login,
-                                          created_at=ev.created_at.isoformat() if ev.created_at else "", id=ev.id))
+                    out.append(LabelEvent(label=ev.label.name, actor=ev.actor.login, created_at=when, id=ev.id))
+                elif ev.event == "head_ref_force_pushed":
+                    out.append(LabelEvent(label="", actor=ev.actor.login if ev.actor else "", created_at=when,
+                                          id=ev.id, event=ev.event))
             return out
 
         return self._do(f"list label events of #{number}", call)
 
     def head_pushers(self, number: int) -> tuple[str, ...]:
-        """Who may have pushed the PR's head: the last commit's author and committer (GitHub
+        """Who may have pushed the PR's head: the head commit's author and committer (GitHub
         users) and the actor of the latest `head_ref_force_pushed` event. Their approvals do
-        not count (branch protection's "approval of the most recent reviewable push")."""
+        not count (branch protection's "approval of the most recent reviewable push"). The head
+        is the pull request's `head.sha`: `GET /pulls/{n}/commits` stops at 250 commits."""
 
         def call() -> tuple[str, ...]:
             pull = self.repo.get_pull(number)
-            commits = list(pull.get_commits())
-            logins: set[str] = set()
-            if commits:
-                last = commits[-1]
-                logins |= {u.login for u in (last.author, last.committer) if u is not None and u.login}
+            head = self.repo.get_commit(pull.head.sha)
+            logins = {u.login for u in (head.author, head.committer) if u is not None and u.login}
             forced = [ev for ev in self._issue_lazy(number).get_events()
                       if ev.event == "head_ref_force_pushed" and ev.actor is not None]
             if forced:
@@ -545,9 +557,62 @@ class PyGithubHost:
                 raise
             return WorkflowRunInfo(id=int(data["id"]), path=str(data.get("path") or ""),
                                    event=str(data.get("event") or ""), conclusion=data.get("conclusion"),
-                                   head_branch=str(data.get("head_branch") or ""))
+                                   head_branch=str(data.get("head_branch") or ""),
+                                   created_at=str(data.get("created_at") or ""), status=str(data.get("status") or ""))
 
         return self._do(f"read workflow run {run_id}", call)
+
+    # Actions: cancelling a training (`/cancel`) -----------------------------
+
+    def unfinished_runs(self, workflow_file: str) -> list[WorkflowRunInfo]:
+        """Runs of `.github/workflows/<workflow_file>` that have not completed (every status GitHub
+        uses before `completed`), newest first."""
+        assert re.fullmatch(r"[A-Za-z0-9_.-]+\.ya?ml", workflow_file), workflow_file
+
+        def call() -> list[WorkflowRunInfo]:
+            found: dict[int, WorkflowRunInfo] = {}
+            for status in ("requested", "queued", "pending", "waiting", "in_progress"):
+                _, data = self.gh.requester.requestJsonAndCheck(
+                    "GET", f"{self.repo.url}/actions/workflows/{workflow_file}/runs",
+                    parameters={"status": status, "per_page": 100})
+                for run in (data or {}).get("workflow_runs", []):
+                    found[int(run["id"])] = WorkflowRunInfo(
+                        id=int(run["id"]), path=str(run.get("path") or ""), event=str(run.get("event") or ""),
+                        conclusion=run.get("conclusion"), head_branch=str(run.get("head_branch") or ""),
+                        created_at=str(run.get("created_at") or ""), status=str(run.get("status") or ""))
+            return sorted(found.values(), key=lambda r: r.id, reverse=True)
+
+        return self._do(f"list unfinished runs of {workflow_file}", call)
+
+    def run_jobs(self, run_id: int) -> list[RunJob]:
+        def call() -> list[RunJob]:
+            out: list[RunJob] = []
+            page = 1
+            while True:
+                _, data = self.gh.requester.requestJsonAndCheck(
+                    "GET", f"{self.repo.url}/actions/runs/{run_id}/jobs", parameters={"per_page": 100, "page": page})
+                jobs = (data or {}).get("jobs", [])
+                out += [RunJob(name=str(j.get("name") or ""), status=str(j.get("status") or "")) for j in jobs]
+                if len(jobs) < 100:
+                    return out
+                page += 1
+
+        return self._do(f"list the jobs of workflow run {run_id}", call)
+
+    def cancel_run(self, run_id: int) -> bool:
+        """`POST /actions/runs/{id}/cancel`; False when it had completed meanwhile (409)."""
+        from github import GithubException
+
+        def call() -> bool:
+            try:
+                self.gh.requester.requestJsonAndCheck("POST", f"{self.repo.url}/actions/runs/{run_id}/cancel")
+            except GithubException as exc:
+                if exc.status == 409:
+                    return False
+                raise
+            return True
+
+        return self._do(f"cancel workflow run {run_id}", call)
 
     # RunnerHost -------------------------------------------------------------
 
@@ -558,16 +623,6 @@ class PyGithubHost:
                     for r in self.repo.get_self_hosted_runners()]
 
         return self._do("list self-hosted runners", call)
-
-    def registration_token(self) -> tuple[str, str]:
-        """(token, expires_at). PyGithub has no wrapper for this endpoint; its requester does the HTTP."""
-
-        def call() -> tuple[str, str]:
-            _, data = self.gh.requester.requestJsonAndCheck("POST", f"{self.repo.url}/actions/runners/registration-token")
-            return data["token"], data["expires_at"]
-
-        # Safe to repeat: each call mints an independent short-lived token.
-        return retrying(lambda: self._do("get a runner registration token", call))
 
     def remove_runner(self, runner_id: int) -> None:
         self._do(f"remove runner {runner_id}", lambda: self.repo.remove_self_hosted_runner(runner_id))

@@ -15,8 +15,8 @@ so every write carries a `version` (previous + 1) and a random `writer` token in
 state, and the writer reads the comment back afterwards. If the oldest copy does not carry
 its token (another writer got in between, or both created a copy), it merges its state
 into what is there now and writes again, so the writers converge on one comment holding
-every writer's state. The workflows also serialise the short writer jobs of one PR in one
-concurrency group; this is the belt to that group's braces.
+every writer's state. This is the only serialisation: the workflows use no concurrency
+group (a group's public name would let any workflow run drop a pending writer).
 
 State is composed here, never taken from body text: the state line is always written
 (even `{}`), and `<!-- gitops-train:... -->` markers inside a body are removed, so text
@@ -39,6 +39,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
+from html.parser import HTMLParser
 from typing import Any
 
 from pipelines.github.client import CodeHost, Comment
@@ -239,28 +240,106 @@ def sanitize_body(body: str) -> str:
 
 # @login or @org/team, as GitHub links them: not after a word character, an e-mail's local part or a backtick.
 _MENTION_RE = re.compile(r"(?<![\w`@/.+-])@(?=[A-Za-z0-9][A-Za-z0-9-]{0,38}(?:/[A-Za-z0-9][\w.-]*)?\b)")
+# First pass, cosmetic only (the common spellings keep their alt text and lose the URL); what
+# decides is the rendered HTML (`outside_fetches`), whatever the spelling.
 _MD_IMAGE_RE = re.compile(r"!\[([^\]\n]{0,500})\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _HTML_IMAGE_RE = re.compile(r"<\s*(?:img|picture|source|image|svg)\b[^>]*>", re.I)
 _REF_IMAGE_RE = re.compile(r"^ {0,3}\[[^\]\n]+\]:\s*<?(?:https?:)?//\S+.*$", re.M)
+# Raw-HTML tags that can fetch something when shown (GitHub keeps some of them).
+_FETCHING_TAG_RE = re.compile(r"<(?=(?:img|image|picture|source|video|audio|svg|input|object|embed|iframe|track|use)"
+                              r"[\s/>])", re.I)
+_FETCH_ATTRS = frozenset({"src", "srcset", "poster", "background", "data", "href", "xlink:href", "lowsrc", "dynsrc"})
+_MAX_PROBES = 200
 ZWSP = "\u200b"
+OUTSIDE_IMAGE_NOTE = "(outside image removed)"
+
+
+def _outside(url: str) -> bool:
+    """Whether a browser would fetch `url` from somewhere else than the page's own site."""
+    from urllib.parse import urlsplit
+
+    cleaned = "".join(c for c in url if c > " " and c != "\x7f")  # browsers drop these
+    if "\\" in cleaned:
+        return True  # `/\host` is `//host` to a browser
+    parts = urlsplit(cleaned)
+    return bool(parts.scheme or parts.netloc or cleaned.startswith("//"))
+
+
+class _Fetches(HTMLParser):
+    """URLs outside the page that the rendered HTML makes a reader's browser fetch."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("a", "area"):
+            return  # links: fetched only when followed
+        for name, value in attrs:
+            if name in _FETCH_ATTRS and value:
+                urls = [c.strip().split(" ")[0] for c in value.split(",")] if name == "srcset" else [value]
+                self.found += [u for u in urls if _outside(u)]
+
+
+def render_github(text: str) -> str:
+    """`text` as GitHub renders a comment (cmark-gfm, GitHub's engine; raw HTML kept, as GitHub
+    keeps the tags its sanitiser allows)."""
+    import cmarkgfm
+    from cmarkgfm.cmark import Options
+
+    return str(cmarkgfm.github_flavored_markdown_to_html(text, options=Options.CMARK_OPT_UNSAFE))
+
+
+def outside_fetches(text: str) -> list[str]:
+    """The outside URLs a reader's browser would fetch when GitHub shows `text` (from its rendered HTML)."""
+    finder = _Fetches()
+    finder.feed(render_github(text))
+    finder.close()
+    return finder.found
+
+
+def _defuse(text: str) -> str:
+    r"""Each `![` or fetching raw-HTML `<tag` whose escaping removes an outside fetch from the
+    rendered HTML is escaped (`!\[`, `&lt;`): the image becomes a plain link or text. Found by
+    rendering, so spelling (titles, nested brackets, references, line breaks) does not matter."""
+    spots = [m.start() for m in re.finditer(r"!\[", text)] + [m.start() for m in _FETCHING_TAG_RE.finditer(text)]
+    if len(spots) > _MAX_PROBES:
+        return text
+    count = len(outside_fetches(text))
+    for pos in sorted(spots, reverse=True):  # from the end: earlier positions stay valid
+        if count == 0:
+            break
+        swapped = text[:pos] + ("!\\[" + text[pos + 2:] if text.startswith("![", pos) else "&lt;" + text[pos + 1:])
+        now = len(outside_fetches(swapped))
+        if now < count:
+            text, count = swapped, now
+    return text
+
+
+def _inert(text: str) -> str:
+    """The whole text as a code block (last resort: nothing in it renders)."""
+    ticks = max((len(m.group(0)) for m in re.finditer(r"`+", text)), default=0)
+    fence = "`" * max(3, ticks + 1)
+    return f"> Outside images could not be removed from this text, so it is shown as source.\n\n{fence}text\n{text}\n{fence}"
 
 
 def neutralize_untrusted(text: str) -> str:
     """Untrusted text (a PR's result bundle, a training report) made safe to post: mentions do
-    not notify (`@team` becomes `@` + zero-width space + `team`), outside images are dropped
-    (`![alt](https://...)`, `<img>` and link-reference definitions; a relative image stays),
-    so a PR cannot page a team or make every reader's browser fetch a URL it chose."""
+    not notify (`@team` becomes `@` + zero-width space + `team`) and nothing in it makes a
+    reader's browser fetch an outside URL, as decided on the HTML that GitHub's own Markdown
+    engine renders (`outside_fetches`): images in any spelling, raw `<img>`/`<picture>`/...
+    (a relative image stays). A PR cannot page a team or track who reads its comment."""
 
     def image(m: re.Match[str]) -> str:
-        url = m.group(2)
-        if re.match(r"^(?:[a-z][a-z0-9+.-]*:|//)", url, re.I):
-            return f"{m.group(1)} (outside image removed)"
-        return m.group(0)
+        return f"{m.group(1)} {OUTSIDE_IMAGE_NOTE}" if _outside(m.group(2)) else m.group(0)
 
     text = _MD_IMAGE_RE.sub(image, text)
-    text = _HTML_IMAGE_RE.sub("(outside image removed)", text)
+    text = _HTML_IMAGE_RE.sub(lambda m: OUTSIDE_IMAGE_NOTE if outside_fetches(m.group(0)) else m.group(0), text)
     text = _REF_IMAGE_RE.sub("", text)
-    return _MENTION_RE.sub("@" + ZWSP, text)
+    text = _MENTION_RE.sub("@" + ZWSP, text)
+    if outside_fetches(text):
+        text = _defuse(text)
+    return _inert(text) if outside_fetches(text) else text
 
 
 def full_report_url() -> str | None:

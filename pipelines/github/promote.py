@@ -6,7 +6,9 @@ For each experiment a merged PR adds or changes, the model is promoted only when
    `pipeline.git_sha` equals that SHA, and the tree was not dirty);
 2. its verdict passes the gates (`supported`), or someone with write access other than
    the author applied the override label (`promote-override`), as the PR's label events
-   show (who applied it is asked of the API, not assumed);
+   show (who applied it is asked of the API, not assumed), *after* the attested training of
+   the final head started (its workflow run's `created_at`) and after the head's last
+   force-push: a label given for an earlier commit or verdict does not carry over;
 3. at least `required_approvals` approving reviews were submitted *on that SHA* by users
    with write access who are neither the author nor a pusher of the head commit (its
    author or committer, or whoever force-pushed it last), and no such user's review still
@@ -29,7 +31,8 @@ lets the `promotion` environment allow the default branch only: a `pull_request`
 need `refs/pull/<n>/merge`, a ref every open PR has.
 
 Then the run's model is registered (`create_model_version(name, source, run_id)`,
-reused when that run is already a version), the alias `champion` moves to it and the
+reused when that run is already a version; on a tracking server the registered model itself
+is never created here: `pipeline provenance setup` makes it, owned by the attestor), the alias `champion` moves to it and the
 previous champion keeps the alias `previous-champion`. Running it twice changes nothing
 the second time. A refused promotion says why in the experiment's sticky comment.
 
@@ -44,12 +47,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from pipelines.github.chatops import experiments_in
 from pipelines.github.client import WRITE_ROLES, CodeHost, LabelEvent, RepoContentHost, Review, ReviewHost
 from pipelines.github.comment import StickyComment
 from pipelines.github.events import PullRequestEvent, PushEvent
+from validation.errors import PromotionRefused
 from validation.spec import CHAMPION  # the alias name: one definition, beside the spec that names it
 
 OVERRIDE_LABEL = "promote-override"
@@ -129,21 +134,52 @@ def counted_approvals(
     ))
 
 
+def _when(stamp: str) -> datetime | None:
+    """An API timestamp (`...Z` or `+00:00`; naive means UTC) as an aware datetime; None if unreadable."""
+    try:
+        t = datetime.fromisoformat(stamp.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
 def override_actor(
     events: Iterable[LabelEvent], *, label: str, author: str, permissions: Mapping[str, str],
-    current_labels: Sequence[str],
+    current_labels: Sequence[str], not_before: str | None = None,
 ) -> str | None:
     """Who applied the override label (latest application), if it counts: the label is
-    still on the PR and was applied by someone with write access who is not the author."""
+    still on the PR and was applied by someone with write access who is not the author,
+    and, with `not_before` (a server timestamp), not before it: the time the head
+    commit's attested training started or the head was last force-pushed, whichever is later,
+    so a label given for an earlier commit or verdict does not carry over."""
     if label not in current_labels:
         return None
-    appliers = [e for e in sorted(events, key=lambda e: (e.created_at, e.id)) if e.label == label]
+    appliers = [e for e in sorted(events, key=lambda e: (e.created_at, e.id)) if e.label == label
+                and e.event == "labeled"]
     if not appliers:
         return None
-    actor = appliers[-1].actor
+    latest = appliers[-1]
+    actor = latest.actor
     if actor == author or permissions.get(actor, "none") not in WRITE_ROLES:
         return None
+    if not_before is not None:
+        applied, bound = _when(latest.created_at), _when(not_before)
+        if applied is None or bound is None or applied < bound:  # API times have whole seconds
+            return None
     return actor
+
+
+def override_bound(record: TrainingRecord | None, events: Iterable[LabelEvent], host: RepoContentHost) -> str:
+    """The server time an override must follow for `record` (see `override_actor`); "" (nothing
+    counts) when the attested training's workflow run or its start time is unknown."""
+    if record is None or not record.workflow_run_id:
+        return ""
+    run = host.workflow_run(record.workflow_run_id)
+    started = _when(run.created_at) if run is not None and run.created_at else None
+    if started is None:
+        return ""
+    pushes = [t for e in events if e.event == "head_ref_force_pushed" and (t := _when(e.created_at)) is not None]
+    return max([started, *pushes]).isoformat()
 
 
 def check_gates(
@@ -155,8 +191,10 @@ def check_gates(
     required_approvals: int,
     override_by: str | None,
     changes_requested: Sequence[str] = (),
+    early_override: bool = False,
 ) -> GateResult:
-    """Every reason a promotion is refused (empty = promote)."""
+    """Every reason a promotion is refused (empty = promote); `early_override`: the label is on
+    the PR but was applied before the head's attested training started (it does not count)."""
     reasons: list[str] = []
     short = head_sha[:12]
     if record is None:
@@ -172,6 +210,10 @@ def check_gates(
             verdict = record.verdict or "missing (no report)"
             reasons.append(f"the verdict is {verdict}; a reviewer with write access can apply "
                            f"the `{OVERRIDE_LABEL}` label to promote anyway")
+            if early_override:
+                reasons.append(f"the `{OVERRIDE_LABEL}` label was applied before the training of `{short}` "
+                               "started (or before its last force-push), so it was not given for this commit and "
+                               "verdict: remove it and apply it again")
     if len(approvals) < required_approvals:
         reasons.append(f"{len(approvals)} approving review(s) on `{short}` by people with write access other "
                        f"than the author; {required_approvals} required")
@@ -216,6 +258,10 @@ class MlflowPromotion:
 
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
         self.model_name = model_name
+        self.tracking_uri = registry_uri or tracking_uri or ""
+        # A local store (sqlite, a folder: a laptop) has one identity, so the model may be made on
+        # first promotion there; a server's model must come from `pipeline provenance setup`.
+        self.local_store = self.tracking_uri.split(":", 1)[0].lower() not in ("http", "https", "databricks")
 
     def promote(self, record: TrainingRecord, tags: Mapping[str, str]) -> Promotion:
         from mlflow.exceptions import MlflowException
@@ -224,6 +270,11 @@ class MlflowPromotion:
         try:
             self.client.get_registered_model(name)
         except MlflowException:
+            if not self.local_store:
+                # Made only by `pipeline provenance setup` (the attestor owns it, checked there):
+                # created here, on a server, it would belong to whoever runs promotion.
+                raise PromotionRefused(f"registered model `{name}` does not exist on {self.tracking_uri}: "
+                                       "run `pipeline provenance setup` first (it is never created here)") from None
             self.client.create_registered_model(name, description="Promoted by the GitOps training pipeline on merge.")
         # The version belongs to the attestation run (MLflow wants the source inside run_id), whose
         # `model/` is the attestor's copy; the training run stays in the tag `pipeline.training_run_id`.
@@ -356,15 +407,19 @@ def promote_pull(
     approvals = counted_approvals(reviews, head_sha=pr.head_sha, author=pr.author, permissions=permissions,
                                   pushers=host.head_pushers(number))
     blocking = outstanding_change_requests(reviews, author=pr.author, permissions=permissions)
-    override_by = override_actor(events, label=override_label, author=pr.author, permissions=permissions,
-                                 current_labels=pr.labels)
+    unbound = override_actor(events, label=override_label, author=pr.author, permissions=permissions,
+                             current_labels=pr.labels)
     accept = provenance_filter(host, number, default_branch=default_branch)
     outcomes = []
     for exp in experiments:
         record = lookup.training_record(exp, pr.head_sha, accept) if _SHA.match(pr.head_sha) else None
+        # The label counts for this commit and verdict only when applied after they existed.
+        override_by = override_actor(events, label=override_label, author=pr.author, permissions=permissions,
+                                     current_labels=pr.labels, not_before=override_bound(record, events, host)) \
+            if unbound else None
         gate = check_gates(experiment=exp, head_sha=pr.head_sha, record=record, approvals=approvals,
                            required_approvals=required_approvals, override_by=override_by,
-                           changes_requested=blocking)
+                           changes_requested=blocking, early_override=bool(unbound) and override_by is None)
         promotion = None
         if gate.ok:
             assert record is not None

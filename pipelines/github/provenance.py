@@ -16,12 +16,17 @@ environment `provenance` with the *attestor* credential the training job never s
 4. writes one *attestation* run into the provenance experiment (writable by the attestor only:
    the trainer has the default READ there), with the PR, SHA, experiment, workflow run, the
    training run ids, their status and the verdict, and copies the first candidate's `model/`
-   artifacts into it (a place the trainer cannot overwrite later).
+   artifacts into it (a place the trainer cannot overwrite later). It reads artifacts only
+   from the server's own `mlflow-artifacts:` location (`artifact_location_problem`): the
+   attestor's credential goes wherever the client fetches them, and an experiment's artifact
+   location is chosen by whoever made the experiment (PR code).
 
 Promotion (`ProvenanceLookup`) reads only attestations, and registers the model from the
 attestation run's own artifacts. The registered model is created by the operator's set-up
 (`pipeline provenance setup`), so the trainer has only READ on it: it cannot create versions or
-move aliases. Set-up also creates the provenance experiment and prints its id; promotion looks
+move aliases. Set-up refuses a store or model on which anyone but the attestor holds more than
+READ (a trainer that created the name first keeps MANAGE); promotion never creates the model
+on a server. Set-up also creates the provenance experiment and prints its id; promotion looks
 the store up by that id (`MLFLOW_PROVENANCE_EXPERIMENT_ID`), because a trainer could create an
 experiment of the same *name* first on a fresh server, never one with a given id.
 
@@ -39,17 +44,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pipelines.github.promote import RunFilter, TrainingRecord
+from pipelines.registry import (  # the registry reads them too
+    _NAME,
+    _SHA,
+    ATTESTED_BY,
+    PROVENANCE_EXPERIMENT,
+    VERDICTS,
+)
 from validation.environment import scoped_environ
 
-PROVENANCE_EXPERIMENT = "pipeline-provenance"
-ATTESTED_BY = "experiment-train.yml/attest"
-VERDICTS = frozenset({"supported", "refuted", "inconclusive"})
 MODEL_DIR = "model"
-_SHA = re.compile(r"^[0-9a-f]{40}$")
-# Experiment names are validated slugs (validation/files.py); they go into a filter string.
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 
 
 class AttestationRefused(RuntimeError):
@@ -82,13 +89,23 @@ def verdict_of(result: Mapping[str, Any]) -> str | None:
     return outcome if outcome in VERDICTS else None
 
 
+def shown(text: str, limit: int = 100) -> str:
+    """A name read from MLflow (PR-chosen) made safe for a log line, a job summary or markdown:
+    every character but letters, digits, space, `.`, `_` and `-` is written as `\\uXXXX`, so no
+    newline, workflow command (`::`), backtick, link, mention or HTML survives."""
+    out = "".join(c if c.isascii() and (c.isalnum() or c in " ._-") else f"\\u{ord(c):04x}" for c in text[:limit])
+    return out + ("..." if len(text) > limit else "")
+
+
 def check_training_run(
     *, run_id: str, experiment_name: str, tags: Mapping[str, str], experiment: str, sha: str, workflow_run_id: int
 ) -> list[str]:
     """Why this MLflow run is not the training the attestation is for ([] = it is)."""
     problems = []
-    if experiment_name != experiment:
-        problems.append(f"run {run_id} is in MLflow experiment `{experiment_name}`, not `{experiment}`")
+    from pipelines.github.job_credentials import is_job_experiment
+
+    if experiment_name != experiment and not is_job_experiment(experiment_name, experiment, workflow_run_id):
+        problems.append(f"run {run_id} is in MLflow experiment {shown(experiment_name)!r}, not `{experiment}`")
     if tags.get("pipeline.git_sha") != sha:
         problems.append(f"run {run_id} was not made from the approved commit `{sha[:12]}`")
     if tags.get("pipeline.dirty", "false").lower() == "true":
@@ -96,6 +113,26 @@ def check_training_run(
     if tags.get("pipeline.github_run_id") != str(workflow_run_id):
         problems.append(f"run {run_id} is not tagged with this workflow run ({workflow_run_id})")
     return problems
+
+
+def artifact_location_problem(artifact_uri: str, tracking_uri: str | None) -> str | None:
+    """Why the attestor must not read from this artifact location (None = it may).
+
+    The attestor's credential goes wherever the client fetches artifacts. On a tracking server
+    the only place is the server's own proxy, `mlflow-artifacts:` with no host of its own (a
+    `mlflow-artifacts://other-host/...` is fetched from that host); an `http(s)://`, `s3://`...
+    location chosen by PR code (an experiment's artifact location) is refused. A local store
+    (sqlite or a folder: a laptop, the tests) has one identity and no credential: local paths."""
+    parts = urlsplit(artifact_uri)
+    scheme = parts.scheme.lower()
+    track = urlsplit(tracking_uri or "")
+    if scheme == "mlflow-artifacts" and parts.netloc in ("", track.netloc) and track.scheme in ("http", "https"):
+        return None
+    local_store = track.scheme.lower() not in ("http", "https", "databricks")
+    if local_store and scheme in ("", "file") and parts.netloc in ("", "localhost"):
+        return None
+    expected = "the server's own `mlflow-artifacts:` location" if not local_store else "a local path"
+    return f"artifact location {shown(artifact_uri, 200)!r} is not {expected}: nothing is downloaded from it"
 
 
 # --------------------------------------------------------------------------- MLflow adapter
@@ -125,8 +162,17 @@ def attest(
     workflow_run_id: int,
     result: Mapping[str, Any],
     provenance_id: str | None = None,
+    plan: Any = None,
+    trusted_code: bool = False,
 ) -> Attestation:
-    """Check the training job's claims against MLflow and write the attestation (attestor credential)."""
+    """Check the training job's claims against MLflow and write the attestation (attestor credential).
+
+    With the launch plan (`pipelines.registry.ExperimentPlan`, from the trusted `plan` job) the
+    verdict recorded is the one trusted code computes from the attested metrics against the
+    claim's registration (the report's own is kept as `pipeline.reported_verdict`), candidate
+    runs the plan let the job reuse need not be this job's, and the launch goes into the
+    trusted registry (`trusted_code`: the commit's code outside experiments/ is the default
+    branch's, so its runs may be reused by any launch)."""
     if not _SHA.match(sha) or not _NAME.match(experiment) or pr <= 0 or workflow_run_id <= 0:
         raise AttestationRefused("malformed PR, SHA, experiment or workflow run id")
     ids = candidate_run_ids(result)
@@ -135,11 +181,21 @@ def attest(
     client = _client(tracking_uri)
     problems: list[str] = []
     statuses = []
+    if plan is None:  # the attest job names the plan file the trusted `plan` job wrote
+        from pipelines.registry import launch_plan, trusted_code_at
+
+        given = launch_plan()
+        plan = given.for_experiment(experiment) if given is not None and given.sha == sha else None
+        trusted_code = plan is not None and trusted_code_at(Path.cwd(), plan)
+    reused = set(plan.reuse.get("candidate", ())) if plan is not None else set()
     for rid in ids:
         run = client.get_run(rid)
         exp_name = client.get_experiment(run.info.experiment_id).name
-        problems += check_training_run(run_id=rid, experiment_name=exp_name, tags=run.data.tags,
+        problems += [] if rid in reused else check_training_run(run_id=rid, experiment_name=exp_name, tags=run.data.tags,
                                        experiment=experiment, sha=sha, workflow_run_id=workflow_run_id)
+        where = artifact_location_problem(run.info.artifact_uri, tracking_uri)
+        if where:  # checked before any request to it: the attestor's credential would go there
+            problems.append(f"run {rid}: {where}")
         statuses.append(run.info.status)
     if problems:
         raise AttestationRefused("; ".join(problems))
@@ -149,6 +205,13 @@ def attest(
     # (the attestor then cannot write it, so this fails closed), never one with a given id.
     store = provenance_experiment_id(client, provenance_id) or str(client.create_experiment(PROVENANCE_EXPERIMENT))
     verdict = verdict_of(result)
+    trusted = None
+    if plan is not None:
+        from pipelines.registry import TrustedRegistry, attested_facts, trusted_verdict
+
+        registry = TrustedRegistry(client, store)
+        facts, fact_problems = attested_facts(client, registry, plan, result, sha=sha, workflow_run_id=workflow_run_id)
+        trusted = trusted_verdict(plan, facts, result.get("hypothesis") or {}, verdict)
     hypothesis = str((result.get("hypothesis") or {}).get("statement") or "")[:5000]
     tags = {
         "pipeline.pr": str(pr), "pipeline.sha": sha, "pipeline.experiment": experiment,
@@ -156,13 +219,27 @@ def attest(
         "pipeline.training_run_ids": ",".join(ids), "pipeline.training_status": status,
         "pipeline.verdict": verdict or "", "pipeline.hypothesis": hypothesis, "pipeline.attested_by": ATTESTED_BY,
     }
+    if trusted is not None:
+        tags |= {"pipeline.verdict": trusted.outcome, "pipeline.reported_verdict": verdict or "",
+                 "pipeline.verdict_by": "trusted", "pipeline.launch_kind": plan.kind,
+                 "pipeline.record_problems": "; ".join(fact_problems)[:5000]}
     run = client.create_run(store, tags=tags, run_name=f"pr-{pr}-{experiment}-{sha[:12]}")
+    where = artifact_location_problem(run.info.artifact_uri, tracking_uri)
+    if where:
+        client.set_terminated(run.info.run_id, "FAILED")
+        raise AttestationRefused(f"the provenance store's {where}")
     try:
         _copy_model(client, ids[0], run.info.run_id)
     except Exception:
         client.set_terminated(run.info.run_id, "FAILED")
         raise
     client.set_terminated(run.info.run_id, "FINISHED")
+    if trusted is not None:
+        from pipelines.registry import record_attested
+
+        record_attested(registry, plan, facts, pr=pr, sha=sha, attestation_run_id=run.info.run_id,
+                        trusted_code=trusted_code)
+        return Attestation(run.info.run_id, ids, trusted.outcome, status)
     return Attestation(run.info.run_id, ids, verdict, status)
 
 
@@ -224,6 +301,24 @@ class SetupResult:
     model_name: str
 
 
+# Rights another user may hold on the provenance store and the registered model.
+OTHERS_MAY_HOLD = frozenset({"READ", "NO_PERMISSIONS"})
+OWNER_NEEDS = frozenset({"EDIT", "MANAGE"})
+
+
+def rights_problems(what: str, permissions: Mapping[str, str], *, owner: str) -> list[str]:
+    """Why `what` is not the attestor's alone (pure): `permissions` is user -> effective MLflow
+    permission (explicit, through a role, or the server's default) of every non-admin user."""
+    others = sorted(f"{u} ({p})" for u, p in permissions.items() if u != owner and p.upper() not in OTHERS_MAY_HOLD)
+    problems = []
+    if others:
+        problems.append(f"{what}: {', '.join(others)} can write it; only `{owner}` may (someone made it first, "
+                        "shared it, or the server's default permission is above READ)")
+    if permissions.get(owner, "").upper() not in OWNER_NEEDS:
+        problems.append(f"{what}: `{owner}` cannot write it ({permissions.get(owner, 'unknown')})")
+    return problems
+
+
 def setup(
     *, tracking_uri: str, model_name: str, trainer: tuple[str, str], attestor: tuple[str, str],
     admin: tuple[str, str],
@@ -231,9 +326,15 @@ def setup(
     """Users, the provenance experiment and the registered model, made with the attestor's
     credential (so it holds MANAGE; the trainer keeps the server's default READ). Idempotent.
 
-    Needs the `basic-auth` app with `default_permission = READ` (docs/operations.md)."""
+    Refuses (`UsageError`) a store or a model on which any non-admin user other than the
+    attestor holds more than READ, as the basic-auth app resolves it (explicit grants, roles,
+    the default): a trainer that made the name first would keep MANAGE. Needs the `basic-auth`
+    app with `default_permission = READ` (docs/operations.md)."""
     from mlflow.exceptions import MlflowException
     from mlflow.server import get_app_client
+    from mlflow.server.auth.routes import LIST_USERS
+
+    from validation.errors import UsageError
 
     def login(user: tuple[str, str]) -> None:
         os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = user
@@ -250,13 +351,26 @@ def setup(
         client = _client(tracking_uri)
         exp = client.get_experiment_by_name(PROVENANCE_EXPERIMENT)
         exp_id = str(exp.experiment_id) if exp else str(client.create_experiment(PROVENANCE_EXPERIMENT))
-        # Refuse a store or model the attestor cannot write (someone else made it first).
-        probe = client.create_run(exp_id, run_name="setup-probe")
-        client.delete_run(probe.info.run_id)
         try:
             client.get_registered_model(model_name)
         except MlflowException:
             client.create_registered_model(model_name, description="Promoted by the GitOps training pipeline on merge.")
+        login(admin)  # only an admin may list users and read their permissions
+        users = [u["username"] for u in auth._request(LIST_USERS, "GET").get("users", []) if not u.get("is_admin")]
+
+        def rights(resource_type: str, resource_id: str) -> dict[str, str]:
+            return {u: auth.get_user_permission(u, resource_type, resource_id).permission for u in users}
+
+        problems = (rights_problems(f"provenance experiment {exp_id} (`{PROVENANCE_EXPERIMENT}`)",
+                                    rights("experiment", exp_id), owner=attestor[0])
+                    + rights_problems(f"registered model `{model_name}`", rights("registered_model", model_name),
+                                      owner=attestor[0]))
+        if problems:
+            raise UsageError("refusing to use them: " + "; ".join(problems)
+                             + ". Delete them as admin (or choose another --model-name) and run setup again")
+        login(attestor)
+        probe = client.create_run(exp_id, run_name="setup-probe")
+        client.delete_run(probe.info.run_id)
         client.set_registered_model_tag(model_name, "pipeline.registry_owner", attestor[0])
         return SetupResult(exp_id, model_name)
 

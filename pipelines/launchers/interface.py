@@ -107,11 +107,14 @@ class JobState:
 
     phase: Phase
     exit_code: int | None = None
-    """Exit status of the launch (negative: killed by that signal)."""
+    """Exit status of the training process that failed when the launch tool names it (torch
+    elastic's root cause, accelerate's child), else of the launch (negative: killed by that signal)."""
     result_status: str | None = None
     """`status` from the trainer's `result.json` (`finished`, `failed`, `stopped`) when written."""
     detail: str = ""
     """Launcher-specific words: Slurm state and reason, signal name, restarts."""
+    failure: str = ""
+    """Which process ended the job and how, when known: "rank 1 killed by SIGKILL (pid 4242)"."""
 
     @property
     def done(self) -> bool:

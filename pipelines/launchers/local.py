@@ -1,4 +1,6 @@
-"""`local`: `accelerate launch` with N processes on this host (gloo on CPU, GPUs on a runner).
+"""`local`: `accelerate launch` with N processes on this host (gloo on CPU, GPUs on a runner);
+one process starts under `solo`, which does what `accelerate launch` does for one process
+without importing torch a second time.
 
 One owner per job. The accelerate launcher runs in its own process group, but torch
 elastic starts every rank in a session of its own (pgid == sid == pid), out of reach of a
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -36,11 +39,14 @@ from pipelines.launchers.interface import (
     Phase,
     read_result_status,
 )
-from pipelines.launchers.logtail import LogTail
+from pipelines.launchers.logtail import LogTail, process_failure
 from pipelines.launchers.retry import CANCEL_MARKER, cancel_requested, describe_exit
+from pipelines.launchers.solo import one_process_env
 from trainer.runlock import JOB_TOKEN_ENV, RunDirBusy, describe_ranks, live_ranks, signal_ranks
 
 POLL_SECONDS = 0.5
+SOLO = Path(__file__).resolve().parent / "solo.py"
+"""The parent of a one-process job, started by path (imports nothing of the repository)."""
 KILL_WAIT_S = 15.0
 """After SIGKILL: how long to wait for the kernel to tear every rank down (normally < 1 s)."""
 
@@ -137,9 +143,14 @@ class LocalLauncher:
         await_previous_attempt(job, job.wait_previous_s, self._say(log_path), own)
         (job.run_dir / CANCEL_MARKER).unlink(missing_ok=True)
         self._prelaunch(job)
-        cmd = accelerate_command(job, self._rendezvous(job))
         token = uuid.uuid4().hex
         env = launch_env(job) | {JOB_TOKEN_ENV: token}
+        if job.world_size == 1:
+            # One process: `accelerate launch` would only be a plain parent (see `solo`).
+            cmd = [sys.executable, str(SOLO), sys.executable, *job.trainer_args()]
+            env = one_process_env(env, job.use_gpu)
+        else:
+            cmd = accelerate_command(job, self._rendezvous(job))
         with log_path.open("ab") as log:
             log.write(f"[launcher] {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(cmd)}\n".encode())
             log.flush()
@@ -182,8 +193,14 @@ class LocalLauncher:
             return JobState(Phase.CANCELLED, code, status, "cancelled by request")
         if code == 0:
             return JobState(Phase.SUCCEEDED, 0, status)
-        return JobState(Phase.FAILED if code is not None else Phase.UNKNOWN, code, status,
-                        describe_exit(code) if code is not None else "process gone, no result.json")
+        if code is None:
+            return JobState(Phase.UNKNOWN, None, status, "process gone, no result.json")
+        # accelerate / torch elastic exit 1 whatever ended a rank; their log names the rank and its code.
+        log = Path(handle.extra.get("log", handle.run_dir / "logs" / "launcher.log"))
+        failed = process_failure(log, int(handle.extra.get("log_offset", 0)))
+        if failed is not None:
+            return JobState(Phase.FAILED, failed.exit_code, status, failed.describe(), failure=failed.describe())
+        return JobState(Phase.FAILED, code, status, describe_exit(code))
 
     def wait(self, handle: LaunchHandle, timeout: float | None = None, on_log: LogSink | None = None) -> JobState:
         tail = LogTail([Path(handle.extra.get("log", handle.run_dir / "logs" / "launcher.log"))],

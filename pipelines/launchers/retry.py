@@ -53,8 +53,9 @@ class Decision:
 
 
 def classify(exit_code: int | None, result_status: str | None, cancelled: bool = False,
-             phase: Phase | None = None) -> Decision:
-    """Decide what an ended attempt means (pure; the table in the module docstring)."""
+             phase: Phase | None = None, failure: str = "") -> Decision:
+    """Decide what an ended attempt means (pure; the table in the module docstring). `failure`
+    says which process ended it and how (`JobState.failure`), for the reason."""
     if cancelled:
         return Decision(Verdict.GIVE_UP, "cancelled by request")
     if exit_code == 0 and result_status in (None, "finished") and phase not in (Phase.LOST, Phase.TIMEOUT):
@@ -70,7 +71,7 @@ def classify(exit_code: int | None, result_status: str | None, cancelled: bool =
         return Decision(Verdict.RETRY, "time limit reached")
     if exit_code is None:
         return Decision(Verdict.RETRY, "ended without an exit status")
-    return Decision(Verdict.RETRY, f"crashed: {describe_exit(exit_code)}")
+    return Decision(Verdict.RETRY, f"crashed: {failure or describe_exit(exit_code)}")
 
 
 def describe_exit(code: int) -> str:
@@ -113,7 +114,8 @@ def run_with_retries(launcher: Launcher, job: LaunchJob, on_log: LogSink | None 
         if not state.done:  # our own timeout: stop it, it is a failure of the time budget
             state = launcher.cancel(handle)
         status = read_result_status(job.run_dir, not_before=started)
-        decision = classify(state.exit_code, status, cancelled=cancel_requested(job.run_dir), phase=state.phase)
+        decision = classify(state.exit_code, status, cancelled=cancel_requested(job.run_dir), phase=state.phase,
+                            failure=state.failure)
         decisions.append(decision)
         if decision.verdict is not Verdict.RETRY or attempt > limit:
             if decision.verdict is Verdict.RETRY:

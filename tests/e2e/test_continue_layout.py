@@ -46,12 +46,15 @@ def test_a_killed_fsdp_run_continues_on_one_process_then_on_tp_with_one_history(
     (tmp_path / "store").mkdir()
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
 
-    def flow(**kw: Any) -> ExperimentFlow:
-        return ExperimentFlow(repo, RunOptions(smoke=False, tracking_uri=uri, **kw), Reporter())
+    def flow(tracking_uri: str = uri, **kw: Any) -> ExperimentFlow:
+        return ExperimentFlow(repo, RunOptions(smoke=False, tracking_uri=tracking_uri, **kw), Reporter())
 
     spec = write_spec(repo, FSDP2)
     monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "reference-runs"))
-    reference = _losses(flow().run(spec)[0].seed_dirs[0])
+    # Its own tracking store: a finished run recorded in the shared one would be reused by
+    # identity (pipelines/tracked_runs.py) instead of trained and killed below.
+    reference_uri = f"sqlite:///{tmp_path / 'store' / 'reference.db'}"
+    reference = _losses(flow(reference_uri).run(spec)[0].seed_dirs[0])
     assert sorted(reference) == list(range(1, 13))
 
     monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))

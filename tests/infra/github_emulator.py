@@ -326,6 +326,21 @@ class GitHubEmulator:
         self.repos[repo].workflow_runs[run_id] = run
         return run
 
+    def add_job(self, repo: str, run_id: int, name: str, *, status: str = "in_progress",
+                conclusion: str | None = None) -> None:
+        """A job of workflow run `run_id` (`GET /actions/runs/{id}/jobs`)."""
+        run = self.repos[repo].workflow_runs[run_id]
+        run.setdefault("_jobs", []).append({"id": self._next_id(), "run_id": run_id, "name": name,
+                                            "status": status, "conclusion": conclusion})
+
+    def add_approval(self, repo: str, run_id: int, *, user: str, environments: tuple[str, ...] = ("gpu-training",),
+                     state: str = "approved") -> None:
+        """An environment review of run `run_id` (`GET /actions/runs/{id}/approvals`)."""
+        if user not in self.users:
+            self.add_user(user)
+        self.repos[repo].workflow_runs[run_id].setdefault("_approvals", []).append(
+            {"state": state, "comment": "", "environments": [{"name": e} for e in environments], "user": user})
+
     def add_issue(self, repo: str, *, author: str, title: str = "A question", body: str | None = None) -> int:
         r = self.repos[repo]
         number = r.next_number
@@ -744,9 +759,19 @@ def _r_pull_reviews(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: st
 
 def _r_pull_commits(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: str, n: str) -> tuple[int, Any, dict]:
     r, _ = _pull(em, owner, repo, n)
+    # As GitHub: at most 250 commits, the oldest first (a longer PR's head is not in the list).
     items, headers = em._paginate(f"/repos/{owner}/{repo}/pulls/{n}/commits", q,
-                                  [em._commit_json(r, c) for c in r.commits.get(int(n), [])])
+                                  [em._commit_json(r, c) for c in r.commits.get(int(n), [])[:250]])
     return 200, items, headers
+
+
+def _r_commit(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: str, sha: str) -> tuple[int, Any, dict]:
+    r = em._repo(owner, repo)
+    for commits in r.commits.values():
+        for c in commits:
+            if c["sha"] == sha:
+                return 200, {**em._commit_json(r, c), "files": [], "stats": {}}, {}
+    raise _NotFound()
 
 
 def _issue(em: GitHubEmulator, owner: str, repo: str, n: str) -> Repo:
@@ -967,8 +992,51 @@ def _r_workflow_run(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: st
     run = r.workflow_runs.get(int(rid))
     if run is None:
         raise _NotFound()
-    return 200, {**run, "url": f"{em.base_url}/repos/{owner}/{repo}/actions/runs/{rid}",
-                 "repository": em._repo_json(r)}, {}
+    return 200, _run_json(em, r, run), {}
+
+
+def _run_json(em: GitHubEmulator, r: Repo, run: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in run.items() if not k.startswith("_")} | {
+        "url": f"{em.base_url}/repos/{r.full_name}/actions/runs/{run['id']}", "repository": em._repo_json(r)}
+
+
+def _r_workflow_runs(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: str, wf: str) -> tuple[int, Any, dict]:
+    """`GET /actions/workflows/{file}/runs`, filtered by `status` as GitHub does (newest first)."""
+    r = em._repo(owner, repo)
+    runs = [run for run in r.workflow_runs.values() if run["path"].rsplit("/", 1)[-1] == wf
+            and (not q.get("status") or q["status"] in (run["status"], run.get("conclusion")))]
+    runs.sort(key=lambda run: run["id"], reverse=True)
+    items, headers = em._paginate(f"/repos/{owner}/{repo}/actions/workflows/{wf}/runs", q,
+                                  [_run_json(em, r, run) for run in runs])
+    return 200, {"total_count": len(runs), "workflow_runs": items}, headers
+
+
+def _r_run_jobs(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: str, rid: str) -> tuple[int, Any, dict]:
+    run = em._repo(owner, repo).workflow_runs.get(int(rid))
+    if run is None:
+        raise _NotFound()
+    jobs = run.get("_jobs", [])
+    items, headers = em._paginate(f"/repos/{owner}/{repo}/actions/runs/{rid}/jobs", q, jobs)
+    return 200, {"total_count": len(jobs), "jobs": items}, headers
+
+
+def _r_run_cancel(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: str, rid: str) -> tuple[int, Any, dict]:
+    run = em._repo(owner, repo).workflow_runs.get(int(rid))
+    if run is None:
+        raise _NotFound()
+    if run["status"] == "completed":
+        return 409, {"message": "Cannot cancel a workflow run that is completed."}, {}
+    run.update(status="completed", conclusion="cancelled")
+    for job in run.get("_jobs", []):
+        if job["status"] != "completed":
+            job.update(status="completed", conclusion="cancelled")
+    return 202, {}, {}
+
+
+def _r_run_approvals(em: GitHubEmulator, q: dict, body: Any, owner: str, repo: str, rid: str) -> tuple[int, Any, dict]:
+    # A run the emulator was not told about (the act scenes' runs) has no approvals yet.
+    run = em._repo(owner, repo).workflow_runs.get(int(rid)) or {}
+    return 200, [{**a, "user": em._user_json(a["user"])} for a in run.get("_approvals", [])], {}
 
 
 _O = r"/repos/(?P<owner>[^/]+)/(?P<repo>[^/]+)"
@@ -1000,6 +1068,11 @@ _ROUTES = [
     (_O + r"/commits/(?P<sha>[0-9a-f]{40})/pulls", "GET", _r_commit_pulls),
     (_O + r"/contents/(?P<path>.+)", "GET", _r_contents),
     (_O + r"/actions/runs/(?P<rid>\d+)", "GET", _r_workflow_run),
+    (_O + r"/actions/workflows/(?P<wf>[^/]+)/runs", "GET", _r_workflow_runs),
+    (_O + r"/actions/runs/(?P<rid>\d+)/jobs", "GET", _r_run_jobs),
+    (_O + r"/actions/runs/(?P<rid>\d+)/cancel", "POST", _r_run_cancel),
+    (_O + r"/actions/runs/(?P<rid>\d+)/approvals", "GET", _r_run_approvals),
+    (_O + r"/commits/(?P<sha>[0-9a-f]{40})", "GET", _r_commit),
 ]
 
 

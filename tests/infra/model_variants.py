@@ -23,7 +23,7 @@ def variants(model_type: str) -> list[Any]:
     fields = models.architectures()[model_type].model_fields
     if "attn_implementation" in fields:
         out.append(tiny(model_type, attn_implementation="eager"))
-    for switch in ("attn_gate", "bias"):
+    for switch in ("attn_gate", "bias", "attention_bias", "mlp_bias"):
         if switch in fields:
             out.append(tiny(model_type, **{switch: not fields[switch].default}))
     if "qk_norm" in fields:

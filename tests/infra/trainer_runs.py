@@ -70,8 +70,9 @@ def spec_dict(**train: Any) -> dict[str, Any]:
 
 
 def _write_spec(run_dir: Path, ranks: int, alerts: dict[str, Any] | None, train: dict[str, Any],
-                model: dict[str, Any] | None = None, parallel: dict[str, Any] | None = None, nodes: int = 1) -> Path:
-    spec = spec_dict(**train)
+                model: dict[str, Any] | None = None, parallel: dict[str, Any] | None = None, nodes: int = 1,
+                sections: dict[str, Any] | None = None) -> Path:
+    spec = spec_dict(**train) | (sections or {})
     spec["resource"] = {"cpu_processes": ranks // nodes} | ({"nodes": nodes} if nodes > 1 else {})
     if parallel:
         spec["parallel"] = parallel
@@ -90,11 +91,13 @@ def _write_spec(run_dir: Path, ranks: int, alerts: dict[str, Any] | None, train:
 def run_trainer(tmp: Path, data_dir: Path, name: str, *, ranks: int = 1, uri: str = "none",
                 env: dict[str, str] | None = None, run_dir: Path | None = None,
                 alerts: dict[str, Any] | None = None, parallel: dict[str, Any] | None = None,
-                model: dict[str, Any] | None = None, nodes: int = 1, **train: Any) -> tuple[int, Path]:
+                model: dict[str, Any] | None = None, nodes: int = 1, sections: dict[str, Any] | None = None,
+                **train: Any) -> tuple[int, Path]:
     """Run `python -m trainer` in a new process (under `accelerate launch` for several ranks;
-    `nodes` only tells the spec how the ranks are grouped, they all start on this host)."""
+    `nodes` only tells the spec how the ranks are grouped, they all start on this host;
+    `sections` replaces whole top-level spec sections, e.g. `eval`)."""
     run_dir = run_dir or tmp / name
-    spec_path = _write_spec(run_dir, ranks, alerts, train, model, parallel, nodes)
+    spec_path = _write_spec(run_dir, ranks, alerts, train, model, parallel, nodes, sections)
     args = ["--spec", str(spec_path), "--run-dir", str(run_dir), "--data-dir", str(data_dir), "--tracking-uri", uri]
     if ranks == 1:
         cmd = [sys.executable, "-m", "trainer", *args]

@@ -436,7 +436,7 @@ class WorkflowRunner:
             with_ = self._interpolate_map(step.get("with"), ctx)
             return self._uses(step["uses"], with_, workspace, run_id)
         script = self._interpolate(step["run"], ctx)
-        if script.strip() in ("make setup", "make setup-github"):
+        if script.strip() in ("make setup", "make setup-github", "make setup-train"):
             # Documented substitution: reuse the installed venv instead of pip installing.
             link = workspace / ".venv"
             if not link.exists():

@@ -287,3 +287,37 @@ def test_result_json_is_read_as_data(tmp_path: Path) -> None:
     (tmp_path / "link.json").symlink_to(tmp_path / "result.json")
     with pytest.raises(AttestationRefused):
         read_result(tmp_path / "link.json")
+
+
+def test_setup_refuses_a_model_the_trainer_made_first_and_shared(server: tuple[str, str]) -> None:
+    """Issue 28: set-up only checked that the attestor *could* write the model; a trainer that
+    made the name first and granted the attestor MANAGE kept MANAGE itself (moves `champion`)."""
+    from mlflow.server import get_app_client
+    from mlflow.tracking import MlflowClient
+
+    from validation.errors import UsageError
+
+    uri, _ = server
+    with as_user(TRAINER):
+        MlflowClient(uri).create_registered_model("squatted-model")
+        get_app_client("basic-auth", tracking_uri=uri).grant_user_permission(
+            ATTESTOR[0], "registered_model", "squatted-model", "MANAGE")
+    with pytest.raises(UsageError, match=r"registered model `squatted-model`: trainer \(MANAGE\) can write it"):
+        setup(tracking_uri=uri, model_name="squatted-model", trainer=TRAINER, attestor=ATTESTOR, admin=ADMIN)
+
+
+def test_promotion_never_creates_the_registered_model_on_a_server(server: tuple[str, str]) -> None:
+    """Issue 28: created on first promotion, the model would belong to whoever promoted first."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.github.promote import TrainingRecord
+    from validation.errors import PromotionRefused
+
+    uri, _ = server
+    record = TrainingRecord(experiment="x", mlflow_run_id="r", code_version=SHA_A, status="FINISHED", dirty=False,
+                            verdict="supported", gates_passed=None, model_source="mlflow-artifacts:/0/r/model")
+    with as_user(ATTESTOR), pytest.raises(PromotionRefused, match="pipeline provenance setup"):
+        MlflowPromotion(uri, "never-set-up").promote(record, {})
+    with as_user(ADMIN), pytest.raises(MlflowException):
+        MlflowClient(uri).get_registered_model("never-set-up")

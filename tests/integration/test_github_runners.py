@@ -21,7 +21,7 @@ def gh() -> Iterator[GitHubEmulator]:
         yield emulator
 
 
-def test_list_token_and_prune_through_pygithub(gh: GitHubEmulator, tmp_path: Path) -> None:
+def test_list_and_prune_through_pygithub(gh: GitHubEmulator, tmp_path: Path) -> None:
     emulated_repo(gh)
     gh.add_runner(REPO, name="gpu-a", labels=["gpu", "h100"], busy=True)
     dead = gh.add_runner(REPO, name="gpu-b", labels=["gpu", "h100"], status="offline")
@@ -29,8 +29,7 @@ def test_list_token_and_prune_through_pygithub(gh: GitHubEmulator, tmp_path: Pat
     listed = host.runners()
     assert [(r.name, r.status, r.busy) for r in listed] == [("gpu-a", "online", True), ("gpu-b", "offline", False)]
     assert "h100" in listed[0].labels
-    token, expires = host.registration_token()
-    assert token in gh.registration_tokens and expires
+    assert not hasattr(host, "registration_token")  # issue 28: no repository-level registration tokens
     state = tmp_path / "state.json"
     now = datetime.now(UTC)
     assert prune(host, state, timedelta(hours=24), now=now) == []  # first sighting offline
@@ -50,8 +49,11 @@ def test_runner_commands(gh: GitHubEmulator, tmp_path: Path, monkeypatch: pytest
     cli = CliRunner()
     listed = cli.invoke(app, ["runners", "list"], env=env)
     assert listed.exit_code == 0 and "gpu-a" in listed.output and "busy" in listed.output
+    # Issue 28: a repository-level runner cannot be limited to a workflow, so no registration
+    # token is minted for one: the command says what to use instead and asks GitHub nothing.
     token = cli.invoke(app, ["runners", "token"], env=env)
-    assert token.exit_code == 0 and f"::add-mask::{gh.registration_tokens[0]}" in token.output
+    assert token.exit_code == 2 and "pipeline runners jit" in token.output and "Traceback" not in token.output
+    assert not gh.registration_tokens and not gh.requests_made("POST", r"registration-token")
     cap = cli.invoke(app, ["runners", "capacity", "--labels", "gpu,h100", "--nodes", "2", "--pr", str(n),
                            "--experiment", "rope-theta"], env=env)
     assert cap.exit_code == 0 and "waiting for 2 runners labelled gpu,h100: 1 online, busy" in cap.output

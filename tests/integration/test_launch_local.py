@@ -1,10 +1,12 @@
-"""The `local` launcher for real: accelerate with 2 CPU processes, cancel, crash and retry.
+"""The `local` launcher for real: accelerate with 2 CPU processes (one process: `solo`), cancel, crash and retry.
 
 Runs the real trainer (`python -m trainer`) when it is importable, else the probe in
 `tests/infra/probe_train.py`, which follows the same contract.
 """
 
 from __future__ import annotations
+
+import os
 
 from pipelines.launchers import Phase, Verdict, get_launcher, handle_for_run, run_with_retries
 from tests.infra.launch_helpers import (
@@ -88,3 +90,25 @@ def test_bad_result_is_not_retried(tmp_path):
     assert outcome.attempts == 1
     assert outcome.decisions[0].verdict is Verdict.GIVE_UP and "bad result" in outcome.decisions[0].reason
     assert outcome.state.phase is Phase.FAILED and outcome.state.result_status == "failed"
+
+
+def test_a_one_process_job_gets_the_environment_accelerate_launch_would_give_it(tmp_path, monkeypatch):
+    """One process starts under `solo`, not `accelerate launch`: its environment is what
+    accelerate's own code computes for the same command line (CPU and GPU, threads given or not)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+
+    from pipelines.launchers.solo import one_process_env
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # no accelerate config file of this machine
+    for use_gpu in (False, True):
+        for threads in (None, "3"):
+            if threads is None:
+                monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+            else:
+                monkeypatch.setenv("OMP_NUM_THREADS", threads)
+            flags = (["--num_processes", "1"] if use_gpu else ["--cpu", "--num_processes", "1"]) + [
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "trainer"]
+            args = _validate_launch_command(launch_command_parser().parse_args(flags))[0]
+            _, want = prepare_simple_launcher_cmd_env(args)
+            assert one_process_env(dict(os.environ), use_gpu) == want, (use_gpu, threads)

@@ -129,7 +129,7 @@ def test_default_direction_of_task_metrics():
 
 
 def test_plan_shows_the_example_and_time_budget(repo: Path):
-    from validation.preflight import make_plan, render_plan_text
+    from validation.plan import make_plan, render_plan_text
 
     spec = load_spec(write(repo, """\
         eval:

@@ -6,7 +6,7 @@ Regressions guarded here (each failed on the code before the resolve step):
   said "not found" (it looked for `.yaml` only, next to the candidate);
 - `parallel: {tp: 2}` on GPUs passed validate, plan and smoke, and failed after `/train`
   (the trainer's capability is now declared once and read by every check; the test uses
-  `pp: 2`, which the trainer does not run, so it holds as the capability grows).
+  `pp: 2` with `tp: 2`, which the trainer does not run yet).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def test_a_missing_baseline_is_one_located_issue(tmp_path: Path) -> None:
 def test_a_layout_the_trainer_cannot_run_is_refused_by_validate_plan_and_smoke_before_train(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    extra = "parallel: {dp: 1, pp: 2}\nresource: {gpus_per_node: 2, gpu_type: h100, gpu_memory_gb: 80}\n"
+    extra = "parallel: {dp: 1, tp: 2, pp: 2}\nresource: {gpus_per_node: 4, gpu_type: h100, gpu_memory_gb: 80}\n"
     repo = _repo(tmp_path, **{"tp-run.yaml": _spec("tp-run", extra=extra)})
     monkeypatch.chdir(repo)
     runner = CliRunner()
@@ -95,7 +95,8 @@ def test_a_layout_the_trainer_cannot_run_is_refused_by_validate_plan_and_smoke_b
         result = runner.invoke(app, [*command, "experiments/tp-run.yaml"])
         assert result.exit_code == SpecError.exit_code, (command, result.output)
         assert "experiments/tp-run.yaml:16:" in result.output and "parallel.pp" in result.output, result.output
-        assert "set pp: 1 with dp = the world size, or parallel: auto" in result.output
+        assert "pipeline parallelism runs with plain data parallelism only" in result.output
+        assert "set tp: 1" in result.output
         assert "Traceback" not in result.output
 
 

@@ -89,7 +89,7 @@ def test_trials_train_on_selection_seeds_and_the_winner_on_fresh_hypothesis_seed
 def test_cost_counts_trials_times_seeds_plus_the_winner_and_the_baseline() -> None:
     """The review's case: a 4-trial H100 sweep was planned (and tiered) as one trial."""
     from pipelines.sweep import sweep_cost, sweep_tier
-    from validation.preflight import make_plan
+    from validation.plan import make_plan
 
     gpu = {"resource": {"gpus_per_node": 8, "gpu_type": "h100", "gpu_memory_gb": 80.0, "max_gpu_hours": 8.0},
            "model": {"model_type": "llama", "hidden_size": 1024, "num_layers": 16, "num_heads": 16, "vocab_size": 32000},
@@ -103,8 +103,11 @@ def test_cost_counts_trials_times_seeds_plus_the_winner_and_the_baseline() -> No
     cost = sweep_cost(trials, resolved, base)
     assert cost.total_device_hours == pytest.approx(4 * one + 3 * one + 3 * one, rel=1e-6)
     assert cost.on_gpu and "4 trials x 1 selection seed(s)" in cost.describe()
-    # One trial plans as 0.34 GPU-hours, "small: 1 approval"; the sweep costs 10 of them: "large".
-    assert make_plan(resolved.spec).tier.name == "small"
+    # One run plans as 0.34 GPU-hours, "small: 1 approval"; the sweep costs 10 of them: "large".
+    # (The experiment's own plan now prices its 3 seeds too: 1.0 GPU-hours, "large".)
+    from validation.plan import approval_tier
+
+    assert approval_tier(make_plan(trials[0].spec).compute, resolved.spec.resource).name == "small"
     assert sweep_tier(cost, resolved).name == "large"
 
 

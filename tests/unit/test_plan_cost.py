@@ -78,7 +78,8 @@ def test_the_plan_of_a_sweep_prices_and_tiers_the_whole_sweep(repo: Path) -> Non
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     one_trial = plan["preflight"]["compute"]["gpu_hours"]
-    assert plan["preflight"]["tier"]["name"] == "small"  # one trial alone would look small
+    # The experiment's own plan prices its 3 seeds and the baseline's 3 (it once priced one run).
+    assert (plan["preflight"]["cost"]["seeds"], plan["preflight"]["cost"]["baseline_runs"]) == (3, 3)
     sweep = plan["sweep"]
     # 4 trials x 1 selection seed + the winner on 3 hypothesis seeds + the baseline on 3 seeds.
     assert sweep["trials"] == 4 and sweep["selection_seeds"] == 1 and sweep["confirm_seeds"] == 3
@@ -97,7 +98,7 @@ def test_a_sweep_over_the_budget_is_refused_by_the_plan_tier(repo: Path) -> None
     path = repo / "experiments" / "gpu-sweep.yaml"
     path.write_text(SWEEP.replace("sweep:\n", "resource: {max_gpu_hours: 2.0}\nsweep:\n"))
     plan = json.loads(_plan("experiments/gpu-sweep.yaml", "--format", "json").stdout)
-    assert plan["preflight"]["tier"]["name"] != "refused"
+    assert plan["preflight"]["compute"]["gpu_hours"] < 2.0  # one run alone is within the budget
     assert plan["tier"]["name"] == "refused" and "max_gpu_hours" in plan["tier"]["reason"]
 
 

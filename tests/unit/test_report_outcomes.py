@@ -135,7 +135,7 @@ def test_alpha_above_the_limit_needs_an_override_named_at_its_line(tmp_path):
 
 @pytest.mark.parametrize(("seeds", "needle"), [(1, "cannot decide the hypothesis"), (2, "little power"), (3, "3 paired seeds")])
 def test_the_plan_says_what_the_seeds_can_decide(seeds, needle):
-    from validation.preflight import make_plan, render_plan_markdown
+    from validation.plan import make_plan, render_plan_markdown
     from validation.spec import ExperimentSpec
 
     data = json.loads(json.dumps(SPEC))

@@ -24,7 +24,7 @@ EXPERIMENTS = REPO / "experiments"
 # The examples this project ships. Only they are held to these rules (one change each, laptop
 # sized, extending base.yaml): an experiment a user adds in a pull request is theirs, and
 # passes CI whenever `pipeline validate` accepts it (issue 23, part 8).
-SHIPPED = ("base", "deeper-narrow", "higher-lr", "more-code", "muon", "nanogpt", "qknorm")
+SHIPPED = ("base", "deeper-narrow", "higher-lr", "more-code", "moe", "muon", "nanogpt", "qknorm")
 FILES = [EXPERIMENTS / f"{name}.yaml" for name in SHIPPED]
 IDS = list(SHIPPED)
 
@@ -59,7 +59,7 @@ def test_experiment_plans(path: Path, monkeypatch: pytest.MonkeyPatch):
     plan = json.loads(result.stdout)
     assert plan["experiment"] == path.stem
     try:
-        import validation.preflight  # noqa: F401
+        import validation.plan  # noqa: F401
     except ImportError:
         pytest.skip("validation.preflight is not available yet")
     assert plan["preflight"] is not None and plan["preflight_note"] == "ok"

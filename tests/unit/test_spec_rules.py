@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from validation import rules
-from validation.capability import EVERY_LAYOUT, TRAINER, ExecutionCapability
+from validation.capability import EVERY_LAYOUT, ExecutionCapability
 from validation.loader import load_spec
 from validation.spec import ExperimentSpec
 
@@ -148,7 +148,7 @@ def test_weights_within_tolerance_pass_and_beyond_fail():
 
 
 def test_valid_layouts_and_sweeps_pass():
-    assert violations({**GPUS, "parallel": {"dp": 1, "tp": 2, "pp": 2}}) == []
+    assert violations({**GPUS, "parallel": {"dp": 1, "tp": 2, "pp": 2}, "train.grad_accum_steps": 2}) == []
     assert violations({**GPUS, "parallel": {"dp": 4, "fsdp": True}, "train.global_batch_size": 64}) == []
     assert violations({"sweep": {"parameters": {"train.lr": [1e-3, 2e-3]}, "method": "grid"}}) == []
     assert (
@@ -186,15 +186,18 @@ def test_the_capability_refuses_what_the_trainer_cannot_run_and_says_what_to_cha
     # A refused axis is reported once, by the refusal: how tp=3 would divide is moot.
     assert [f for f, _ in violations({**GPUS, "parallel": {"dp": 1, "tp": 3}, "resource.gpus_per_node": 3},
                                      capability=dp_only)] == ["parallel.tp"]
-    # The default is what the trainer runs (`TRAINER`); pipeline parallelism is not among it.
-    assert "pp" not in TRAINER.gpu
-    assert [v.path for v in rules.check(spec_with({**GPUS, "parallel": {"dp": 2, "pp": 2}}))] == [("parallel", "pp")]
+    # The default is what the trainer runs (`TRAINER`): pipeline stages with plain data parallelism only.
+    assert rules.check(spec_with({**GPUS, "parallel": {"dp": 2, "pp": 2}, "train.grad_accum_steps": 2})) == []
+    tp_pp = rules.check(spec_with({**GPUS, "parallel": {"dp": 1, "tp": 2, "pp": 2}, "train.grad_accum_steps": 2}))
+    assert [v.path for v in tp_pp] == [("parallel", "pp")] and "set tp: 1" in tp_pp[0].message
 
 
 def test_tp_divisibility_is_the_architectures_own():
     # The architecture file answers (models/<model_type>.py, `tp_problem`): gpt2 (fused qkv) has no
     # tensor-parallel plan and no num_kv_heads field at all; llama's kv heads must divide tp.
-    base_model = {k: v for k, v in BASE["model"].items() if k not in ("num_kv_heads", "intermediate_size")}
+    from models.gpt2 import Config as GPT2Config  # the fields gpt2 declares (llama's rope/eps/ffn are not)
+
+    base_model = {k: v for k, v in BASE["model"].items() if k in GPT2Config.model_fields}
     gpt2 = {**GPUS, "model": {**base_model, "model_type": "gpt2", "num_heads": 8, "hidden_size": 64},
             "parallel": {"dp": 1, "tp": 4}}
     assert spec_with(gpt2).model.kv_heads == 8

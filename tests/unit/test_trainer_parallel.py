@@ -20,13 +20,15 @@ def test_an_unsharded_model_under_a_sharded_layout_fails_loudly() -> None:
     assert assert_sharded(model, Topology(world=2, rank=0, dp=2, tp=1, fsdp=False)) == (8320, 8320)  # DDP
 
 
-def test_topology_refuses_pipeline_parallelism_and_reads_rows_per_tp_group() -> None:
+def test_topology_places_pipeline_stages_and_reads_rows_per_tp_group() -> None:
     from trainer.parallel import Topology
     from validation.errors import TrainingError
     from validation.spec import ParallelLayout
 
-    with pytest.raises(TrainingError, match="pipeline parallelism is not executable"):
-        Topology.from_layout(ParallelLayout(dp=1, pp=2), 2, 0)
+    with pytest.raises(TrainingError, match="runs with plain data parallelism"):
+        Topology.from_layout(ParallelLayout(dp=1, tp=2, pp=2), 4, 0)
+    staged = Topology.from_layout(ParallelLayout(dp=2, pp=2), 4, 3)  # rank = dp index x pp + stage
+    assert (staged.dp, staged.pp, staged.dp_rank, staged.sharded) == (2, 2, 1, True)
     topo = Topology.from_layout(ParallelLayout(dp=2, tp=2), 4, 3)
     assert (topo.dp, topo.dp_rank, topo.tp_rank, topo.fsdp, topo.sharded) == (2, 1, 1, True, True)
     assert not Topology.from_layout(ParallelLayout(dp=1, fsdp=True), 1, 0).sharded  # one process: plain
@@ -44,7 +46,7 @@ def test_fault_plan_is_a_null_object_unless_asked() -> None:
 
 def test_auto_layout_never_plans_tensor_parallelism_the_trainer_cannot_run() -> None:
     """gpt2 has no tensor-parallel plan: a model too big for one GPU gets FSDP, not TP; llama may get TP."""
-    from validation.preflight import plan_parallel
+    from validation.plan import plan_parallel
     from validation.spec import ExperimentSpec
 
     def spec(model_type: str) -> ExperimentSpec:
@@ -60,7 +62,7 @@ def test_auto_layout_never_plans_tensor_parallelism_the_trainer_cannot_run() -> 
         })
 
     from validation.capability import TRAINER
-    from validation.preflight import _candidates
+    from validation.plan.layout import _candidates
 
     tps = {m: {tp for _, tp, _, _ in _candidates(spec(m), 1, TRAINER)} for m in ("gpt2", "llama")}
     assert tps["gpt2"] == {1} and max(tps["llama"]) > 1  # the search space itself

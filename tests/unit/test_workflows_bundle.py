@@ -85,6 +85,19 @@ def test_render_says_awaiting_train_only_when_every_stage_passed(tmp_path: Path)
     assert "Awaiting" not in text and "smoke: failure" in text
 
 
+def test_the_contract_stage_counts_only_when_a_plug_in_file_changed(tmp_path: Path) -> None:
+    root = make_bundle(tmp_path / "b")
+    stages = dict.fromkeys(bundle_mod.STAGES_IN_ORDER, "success")
+    (path,) = bundle_mod.render(root, {**stages, "contract": "skipped"})
+    text = path.read_text()
+    assert "Awaiting `/train`" in text and "contract" not in text and "dry run: success" in text
+    (path,) = bundle_mod.render(root, {**stages, "contract": "failure"})
+    text = path.read_text()
+    assert "Awaiting" not in text and "contract: failure" in text
+    (path,) = bundle_mod.render(root, {**stages, "dry run": "failure"})
+    assert "Awaiting" not in path.read_text()
+
+
 def test_a_bundle_of_a_thousand_experiments_posts_at_most_the_cap(tmp_path: Path) -> None:
     """Issue 19 item 5: the comment job posts at most MAX_EXPERIMENTS comments per run and says
     how many were left out."""

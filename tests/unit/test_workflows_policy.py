@@ -70,7 +70,8 @@ def policy_violations(name: str, text: str) -> list[str]:
         if perms.get("pull-requests") == "write" and name not in PR_WRITERS:
             problems.append(f"{where}: pull-requests: write outside {sorted(PR_WRITERS)}")
         for scope, level in perms.items():
-            if level == "write" and scope not in {"pull-requests", "issues"}:
+            if level == "write" and scope not in {"pull-requests", "issues"} and \
+                    (where, scope) not in {("experiment-train.cancel", "actions")}:  # /cancel through the API
                 problems.append(f"{where}: {scope}: write is broader than any job here needs")
 
         job_text = yaml.safe_dump(job)
@@ -131,7 +132,8 @@ def test_workflow_follows_the_security_policy(path: Path) -> None:
 def test_pr_workflow_is_read_only_and_cancels_superseded_runs() -> None:
     workflow = yaml.safe_load((WORKFLOWS / "experiment-pr.yml").read_text(encoding="utf-8"))
     assert set(triggers(workflow)) == {"pull_request"}
-    assert triggers(workflow)["pull_request"]["paths"] == ["experiments/**"]
+    # experiments, and plug-in files (their contract checks run in this job)
+    assert triggers(workflow)["pull_request"]["paths"] == ["experiments/**", "models/**"]
     assert workflow["concurrency"]["cancel-in-progress"] is True
     assert "pull_request.number" in workflow["concurrency"]["group"]
     for job in workflow["jobs"].values():
@@ -166,27 +168,32 @@ def test_train_job_runs_only_the_approved_sha_on_gated_self_hosted_runners() -> 
     train = workflow["jobs"]["train"]
     assert runs_on_labels(train) == ["self-hosted", "gpu"]
     assert train["environment"] == "gpu-training"
-    assert train["needs"] == "authorize"
+    # Issue 28: after the trusted plan and the per-job credential broker, gated by authorize.
+    assert train["needs"] == ["authorize", "plan", "job-credentials"]
     assert "needs.authorize.outputs.launch == 'true'" in train["if"]
     # Issue 19 item 2: the first steps run the default branch's head check, before any PR code.
     steps = train["steps"]
     assert steps[0]["with"] == {"ref": "${{ github.event.repository.default_branch }}", "persist-credentials": False}
     assert steps[1]["id"] == "head" and 'train_gate.py" head' in steps[1]["run"]
+    # Issue 28: the PR's author is refused as an approver of their own launch, before any PR code.
+    assert steps[2]["run"].strip() == "python3 .github/scripts/launch_approval.py"
     pr_checkouts = [i for i, st in enumerate(steps) if st.get("with", {}).get("ref") == "${{ needs.authorize.outputs.sha }}"]
-    assert pr_checkouts == [2]
-    assert steps[2]["with"] == {"ref": "${{ needs.authorize.outputs.sha }}", "persist-credentials": False}
+    assert pr_checkouts == [3]
+    assert steps[3]["with"] == {"ref": "${{ needs.authorize.outputs.sha }}", "persist-credentials": False}
     authorize = workflow["jobs"]["authorize"]
     assert "self-hosted" not in runs_on_labels(authorize)
     assert "secrets." not in yaml.safe_dump(authorize)
     assert "pipeline chatops" in yaml.safe_dump(authorize)
 
 
-def test_promotion_runs_on_a_push_to_main_in_its_own_group_per_merge() -> None:
+def test_promotion_runs_on_a_push_to_main_in_no_concurrency_group() -> None:
     """Issue 14 items 1 and 6: no pull_request trigger (its ref refs/pull/<n>/merge exists for
-    every open PR); one concurrency group per merge commit, so no promotion is dropped."""
+    every open PR). Issue 28: no concurrency group (a public name another run could queue in,
+    dropping the pending promotion); the registry's model name is passed."""
     workflow = yaml.safe_load((WORKFLOWS / "experiment-promote.yml").read_text(encoding="utf-8"))
     assert set(triggers(workflow)) == {"push"} and triggers(workflow)["push"]["branches"] == ["main"]
-    assert workflow["concurrency"] == {"group": "experiment-promote-${{ github.sha }}", "cancel-in-progress": False}
+    assert "concurrency" not in workflow and "concurrency" not in workflow["jobs"]["promote"]
+    assert "vars.PIPELINE_REGISTRY_MODEL" in yaml.safe_dump(workflow["jobs"]["promote"])
     job = workflow["jobs"]["promote"]
     assert job["environment"] == "promotion"
     assert job["permissions"]["actions"] == "read"  # the provenance check reads workflow runs
@@ -195,22 +202,22 @@ def test_promotion_runs_on_a_push_to_main_in_its_own_group_per_merge() -> None:
 
 def test_a_promotion_environment_reachable_from_a_pull_request_is_caught() -> None:
     text = (WORKFLOWS / "experiment-promote.yml").read_text(encoding="utf-8")
-    old = "on:\n  push:\n    branches: [main]\n"
+    old = "\n  push:\n    branches: [main]\n"
     assert old in text
-    weakened = text.replace(old, "on:\n  pull_request:\n    types: [closed]\n    branches: [main]\n", 1)
+    weakened = text.replace(old, "\n  pull_request:\n    types: [closed]\n    branches: [main]\n", 1)
     assert any("promotion environment" in p for p in policy_violations("experiment-promote", weakened))
 
 
-def test_every_short_comment_writer_shares_the_prs_group() -> None:
-    """Issue 14 item 5: the comment, capacity and report jobs queue in one per-PR group."""
-    groups = {}
-    for wf, job in (("experiment-comment", "comment"), ("experiment-train", "capacity"),
-                    ("experiment-train", "report")):
+def test_no_trusted_workflow_uses_a_concurrency_group() -> None:
+    """Issue 28: a concurrency group's name is public, so any workflow run of the repository can
+    join it, cancel a training (cancel-in-progress) or make GitHub drop a pending report or
+    promotion. The trusted workflows use none (the comment's writers converge by optimistic
+    concurrency; `/cancel` goes through the Actions API)."""
+    for wf in ("experiment-comment", "experiment-train", "experiment-promote"):
         workflow = yaml.safe_load((WORKFLOWS / f"{wf}.yml").read_text(encoding="utf-8"))
-        concurrency = workflow["jobs"][job]["concurrency"]
-        assert concurrency["cancel-in-progress"] is False
-        groups[(wf, job)] = concurrency["group"]
-    assert {g.split("${{")[0] for g in groups.values()} == {"gitops-train-pr-"}, groups
+        assert "concurrency" not in workflow, wf
+        for name, job in workflow["jobs"].items():
+            assert "concurrency" not in job, f"{wf}.{name}"
 
 
 def test_the_report_is_posted_by_a_short_job_with_its_own_token() -> None:
@@ -219,7 +226,7 @@ def test_the_report_is_posted_by_a_short_job_with_its_own_token() -> None:
     train, report = workflow["jobs"]["train"], workflow["jobs"]["report"]
     assert "pipeline comment" not in yaml.safe_dump(train)
     assert "PIPELINE_REPORT_EXPORT" in yaml.safe_dump(train)
-    assert set(report["needs"]) == {"authorize", "train"} and report["if"].startswith("always()")
+    assert set(report["needs"]) == {"authorize", "train", "attest"} and report["if"].startswith("always()")
     assert "self-hosted" not in runs_on_labels(report) and "pipeline comment" in yaml.safe_dump(report)
 
 
@@ -350,21 +357,27 @@ jobs:
     assert policy_violations("x", safe) == []
 
 
-def test_cancel_joins_the_train_jobs_concurrency_group_without_any_permission() -> None:
-    """`/cancel` works by entering the running train job's concurrency group with
-    cancel-in-progress; the cancel job itself needs no token and no self-hosted runner."""
-    import yaml as _yaml
+def test_cancel_goes_through_the_actions_api_from_trusted_code() -> None:
+    """Issue 28: `/cancel` cancels the training's run through the Actions API (a trusted job with
+    `actions: write`), finding it by the train job's name; no concurrency group is joined."""
+    from pipelines.github.cancel import train_job_name
 
-    wf = _yaml.safe_load((Path(__file__).resolve().parents[2] / ".github/workflows/experiment-train.yml").read_text())
+    wf = yaml.safe_load((WORKFLOWS / "experiment-train.yml").read_text(encoding="utf-8"))
     cancel, train = wf["jobs"]["cancel"], wf["jobs"]["train"]
-    assert cancel["concurrency"]["group"] == train["concurrency"]["group"]
-    assert cancel["concurrency"]["cancel-in-progress"] is True and train["concurrency"]["cancel-in-progress"] is False
-    assert cancel["permissions"] == {} and cancel["runs-on"] == "ubuntu-latest"
+    assert "concurrency" not in cancel and "concurrency" not in train
+    assert cancel["permissions"] == {"actions": "write", "contents": "read"} and cancel["runs-on"] == "ubuntu-latest"
     assert "needs.authorize.outputs.action == 'cancel'" in cancel["if"]
+    refs = [st.get("with", {}).get("ref") for st in cancel["steps"] if "checkout" in str(st.get("uses", ""))]
+    assert refs == ["${{ github.event.repository.default_branch }}"]
+    assert "pipeline cancel-training" in yaml.safe_dump(cancel)
+    name = train["name"].replace("${{ needs.authorize.outputs.pr }}", "12").replace("${{ matrix.experiment }}", "exp")
+    assert name == train_job_name(12, "exp")
 
 
 PRIVILEGED_JOBS = {("experiment-comment", "comment"), ("experiment-train", "authorize"),
-                   ("experiment-train", "capacity"), ("experiment-train", "report"), ("experiment-promote", "promote")}
+                   ("experiment-train", "capacity"), ("experiment-train", "report"), ("experiment-promote", "promote"),
+                   ("experiment-train", "cancel"), ("experiment-train", "attest"), ("experiment-train", "plan"),
+                   ("experiment-train", "job-credentials"), ("experiment-train", "revoke-credentials")}
 
 
 def test_privileged_jobs_install_from_the_hash_pinned_lock() -> None:
@@ -377,6 +390,26 @@ def test_privileged_jobs_install_from_the_hash_pinned_lock() -> None:
     recipe = makefile[makefile.index("setup-github:"):].split("\n\n", 1)[0]
     assert "--require-hashes --no-deps -r constraints/github-jobs.lock" in recipe
     assert "--no-deps --no-build-isolation -e ." in recipe
+
+
+def test_the_gpu_job_installs_from_a_hash_pinned_lock_before_the_trainer_secret() -> None:
+    """Issue 28: the training job installed with `make setup` (ranges resolved at run time,
+    build tools fetched unhashed) on the machine that then receives the trainer's secret."""
+    train = yaml.safe_load((WORKFLOWS / "experiment-train.yml").read_text(encoding="utf-8"))["jobs"]["train"]
+    runs = [str(s.get("run", "")).strip() for s in train["steps"]]
+    assert "make setup-train" in runs and "make setup" not in runs
+    install = runs.index("make setup-train")
+    secret_steps = [i for i, st in enumerate(train["steps"]) if "secrets." in yaml.safe_dump(st)]
+    assert secret_steps and min(secret_steps) > install, "the trainer's secret reaches a step before the install"
+    assert "secrets." not in yaml.safe_dump(train.get("env", {}))
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    recipe = makefile[makefile.index("setup-train:"):].split("\n\n", 1)[0]
+    assert "--require-hashes --no-deps -r constraints/build-tools.lock" in recipe
+    assert "--require-hashes --no-deps --no-build-isolation -r constraints/gpu-train.lock" in recipe
+    lock = (REPO / "constraints" / "gpu-train.lock").read_text(encoding="utf-8")
+    for entry in re.split(r"\n(?=[a-z0-9])", lock.strip()):
+        assert re.search(r"--hash=sha256:[0-9a-f]{64}", entry), entry.split("\n", 1)[0]
+    assert re.search(r"^torch==\S+ \\$", lock, re.M), "torch is not in the GPU lock"
 
 
 def test_the_lock_pins_every_package_with_hashes() -> None:
@@ -404,7 +437,7 @@ def test_pr_code_gets_no_write_token_and_never_the_attestor_credential() -> None
     assert set(train["permissions"].values()) == {"read"}
     text = yaml.safe_dump(train)
     assert "ATTESTOR" not in text and "MLFLOW_TRACKING_TOKEN" not in text
-    pr_steps = train["steps"][2:]
+    pr_steps = train["steps"][3:]
     assert all("github.token" not in yaml.safe_dump(st) for st in pr_steps), "no token handed to PR code"
     attest = workflow["jobs"]["attest"]
     assert attest["environment"] == "provenance" and "self-hosted" not in runs_on_labels(attest)
@@ -414,9 +447,19 @@ def test_pr_code_gets_no_write_token_and_never_the_attestor_credential() -> None
     assert "pipeline attest" in yaml.safe_dump(attest) and "MLFLOW_ATTESTOR_PASSWORD" in yaml.safe_dump(attest)
     promote = yaml.safe_load((WORKFLOWS / "experiment-promote.yml").read_text(encoding="utf-8"))
     assert "MLFLOW_ATTESTOR_PASSWORD" in yaml.safe_dump(promote) and "TRAINER" not in yaml.safe_dump(promote)
+    # Issue 28: the plan (a read of the trusted registry) and the report's attested headline
+    # hold it too: trusted, GitHub-hosted jobs in `provenance` that never run PR code.
     for name, job in workflow["jobs"].items():
-        if name not in ("attest",):
+        if name in ("attest", "plan", "report"):
+            assert job["environment"] == "provenance" and "self-hosted" not in runs_on_labels(job), name
+            assert "make setup-train" not in yaml.safe_dump(job), name
+        else:
             assert "ATTESTOR" not in yaml.safe_dump(job), name
+        # The MLflow admin credential: only the per-job credential broker and its cleanup.
+        if name not in ("job-credentials", "revoke-credentials"):
+            assert "MLFLOW_ADMIN" not in yaml.safe_dump(job), name
+        else:
+            assert job["environment"] == "job-credentials" and "self-hosted" not in runs_on_labels(job), name
 
 
 def test_matrix_comment_writers_never_share_one_pending_slot() -> None:

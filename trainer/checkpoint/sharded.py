@@ -48,9 +48,12 @@ def _optimizer(opt: Any) -> torch.optim.Optimizer:
 
 
 def state_dicts(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    return get_state_dict(model, _optimizer(optimizer))
+    # Pipeline stages (trainer/pipeline_parallel.py) hold different parameters per rank: their
+    # param groups are keyed per parameter name, not by group index (which DCP would merge).
+    flat = StateDictOptions(flatten_optimizer_state_dict=True) if getattr(model, "pipeline_stages", False) else None
+    return get_state_dict(model, _optimizer(optimizer), options=flat)
 
 
 def save_shards(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:

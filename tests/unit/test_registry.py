@@ -1,0 +1,153 @@
+"""The trusted registry's decisions (pipelines.registry), pure: which seeds a claim gets, which
+attested runs a launch may reuse, which trained runs may be recorded as reusable, and the plan
+handed to the GPU job as data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import scipy.stats  # noqa: F401 - the verdict's lazy import, paid at collection rather than inside a test
+
+from pipelines.identity import CodeVersion, RunIdentity
+from pipelines.orchestrate import ExperimentFlow, RunOptions
+from pipelines.registry import (
+    CONFIRMATORY,
+    EXPLORATORY,
+    PILOT,
+    ExperimentPlan,
+    LaunchPlan,
+    check_run_facts,
+    decide,
+    launch_plan,
+    reusable,
+)
+from reports import prereg
+from reports.records import RunRecord
+from reports.report import make_report
+from validation.errors import UsageError
+
+
+def _spec(name: str = "higher-lr", **edit):
+    from tests.infra.report_runs import SPEC
+    from validation.spec import ExperimentSpec
+
+    data = {**json.loads(json.dumps(SPEC)), "name": name}
+    for path, value in edit.items():
+        section, key = path.split("__")
+        data[section][key] = value
+    return ExperimentSpec.model_validate(data)
+
+
+def _plan(spec, *, registration=None, seen=frozenset(), now=100.0) -> ExperimentPlan:
+    seeds = [spec.train.seed + i for i in range(spec.hypothesis.seeds)]
+    claim = prereg.claim_key(spec)
+    entry = prereg.claim_entry(claim, spec.name, spec.hypothesis, seeds, pilot=spec.hypothesis.pilot, now=now)
+    return decide(experiment=spec.name, claim=claim, pilot=spec.hypothesis.pilot, base_seed=spec.train.seed,
+                  n_seeds=spec.hypothesis.seeds, spec_seeds=seeds, entry=entry, registration=registration,
+                  seen=set(seen))
+
+
+def test_a_first_registration_is_confirmatory_on_seeds_no_run_of_the_claim_used():
+    plan = _plan(_spec(train__seed=0), seen={0, 1})  # a pilot trained seeds 0 and 1
+    assert plan.kind == CONFIRMATORY and plan.new_registration
+    assert plan.seeds == (2, 3, 4) and plan.registration["seed_list"] == [2, 3, 4]
+    assert plan.registration["kind"] == "confirmatory" and plan.registration["registered_at_s"] == 100.0
+
+
+def test_rename_and_new_seeds_after_an_inconclusive_registration_is_exploratory_not_a_new_headline():
+    first = _plan(_spec(train__seed=0))
+    registration = first.registration
+    # The same configuration under another name, on another base seed: the same claim.
+    renamed = _spec("higher-lr-take-two", train__seed=500)
+    assert prereg.claim_key(renamed) == first.claim
+    plan = _plan(renamed, registration=registration, seen={0, 1, 2}, now=200.0)
+    assert plan.kind == EXPLORATORY and not plan.new_registration and plan.seeds == (500, 501, 502)
+    assert plan.registration == registration and "higher-lr" in plan.reason and "exploratory" in plan.reason
+
+    # The GPU job binds its runs to the registration the plan carries (orchestrate._register_claim):
+    # the report decides on the registered seeds only; the renamed run's seeds decide nothing.
+    key = prereg.CLAIM_PREFIX + plan.claim
+    base = [RunRecord(f"b{s}", "base", s, "finished", {"eval/loss": 3.5}) for s in plan.seeds]
+    cands = [RunRecord(f"c{s}", renamed.name, s, "finished", {"eval/loss": 3.0},  # a "clear win"
+                       registrations={key: {**plan.registration, "results_existed": False}}) for s in plan.seeds]
+    report = make_report(cands, base, renamed.hypothesis, experiment=renamed.name, claim=plan.claim)
+    assert report.decided_seeds == () and report.verdict.outcome == "inconclusive"
+    assert "registered seeds [0, 1, 2]" in report.verdict.reason
+
+
+def test_a_retry_on_the_registered_seeds_continues_the_registration_and_a_pilot_stays_a_pilot():
+    first = _plan(_spec(train__seed=0))
+    again = _plan(_spec(train__seed=0), registration=first.registration, seen={0, 1, 2})
+    assert again.kind == CONFIRMATORY and not again.new_registration and again.seeds == (0, 1, 2)
+    pilot_spec = _spec(train__seed=0)
+    pilot_spec = pilot_spec.model_copy(update={"hypothesis": pilot_spec.hypothesis.model_copy(update={"pilot": True})})
+    assert _plan(pilot_spec).kind == PILOT
+
+
+def test_only_attested_runs_of_this_identity_made_by_trusted_or_this_code_are_reused():
+    record = {"training_run_id": "a" * 32, "code_version": "c1", "spec_hash": "s1", "seed": "0",
+              "trusted_code": "true", "code_tree": "t-main"}
+    pr_code = {**record, "training_run_id": "b" * 32, "seed": "1", "trusted_code": "false", "code_tree": "t-pr"}
+    records = [record, pr_code, {**record, "training_run_id": "c" * 32, "spec_hash": "s2"},
+               {**record, "training_run_id": "d" * 32, "seed": "9"}]
+    assert reusable(records, code_version="c1", spec_hash="s1", seeds=(0, 1), code_tree="t-other") == ("a" * 32,)
+    # A run made by a PR that changed code outside the identity: reused only by that same code.
+    assert reusable(records, code_version="c1", spec_hash="s1", seeds=(0, 1), code_tree="t-pr") == ("a" * 32, "b" * 32)
+    assert reusable(records, code_version="c2", spec_hash="s1", seeds=(0, 1), code_tree="t-main") == ()
+
+
+def test_a_trained_run_is_recorded_only_with_the_identity_the_plan_computed():
+    code = CodeVersion("f" * 40, "c0de", False, "t")
+    key = RunIdentity("x", 3, code, "5bec", "da7a").key
+    facts = {"training_run_id": "r1", "identity": key, "code_version": "c0de", "spec_hash": "5bec",
+             "data_version": "da7a", "seed": "3"}
+    assert check_run_facts(facts, code_version="c0de", spec_hashes={"5bec"}) == []
+    assert check_run_facts({**facts, "code_version": "other"}, code_version="c0de", spec_hashes={"5bec"})
+    assert check_run_facts(facts, code_version="c0de", spec_hashes={"another"})
+    forged = {**facts, "identity": "0123456789abcdef"}  # planted to be reused by someone else's launch
+    assert any("not the hash of its parts" in p for p in check_run_facts(forged, code_version="c0de",
+                                                                          spec_hashes={"5bec"}))
+
+
+def test_the_plan_travels_as_data_and_a_broken_plan_is_one_line(tmp_path: Path):
+    plan = LaunchPlan("a" * 40, 7, 100.0, (_plan(_spec(train__seed=0)),))
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    loaded = launch_plan({"PIPELINE_LAUNCH_PLAN": str(path)})
+    assert loaded == plan and loaded.for_experiment("higher-lr").seeds == (0, 1, 2)
+    assert launch_plan({}) is None
+    path.write_text("{}")
+    with pytest.raises(UsageError, match="not a launch plan"):
+        launch_plan({"PIPELINE_LAUNCH_PLAN": str(path)})
+
+
+def test_with_a_plan_the_job_reuses_or_resumes_only_what_the_plan_names(tmp_path: Path, monkeypatch):
+    """runs/ on shared storage is written by every job's code: a planted finished run, or
+    another job's checkpoints, are neither reused nor resumed by a planned launch."""
+    planted, allowed = tmp_path / "a" / "train" / "seed-1", tmp_path / "b" / "train" / "seed-1"
+    for d, run_id in ((planted, "f" * 32), (allowed, "a" * 32)):
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({"status": "finished", "mlflow_run_id": run_id}))
+    flow = ExperimentFlow(tmp_path, RunOptions(tracking_uri="none"))
+    assert flow._reusable_local(planted) == planted  # a laptop: no plan, runs/ is the user's own
+    plan = LaunchPlan("a" * 40, 7, 1.0, (ExperimentPlan("x", "c", CONFIRMATORY, (1,), None,
+                                                       reuse={"baseline": ("a" * 32,)}),))
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    monkeypatch.setenv("PIPELINE_LAUNCH_PLAN", str(tmp_path / "plan.json"))
+    assert flow._reusable_local(planted) is None and flow._reusable_local(allowed) == allowed
+    flow._set_aside_unplanned("x", planted)
+    assert not planted.exists() and len(list(planted.parent.glob("seed-1.unplanned-*"))) == 1
+
+
+def test_runs_and_prepared_data_go_to_shared_storage_when_configured(tmp_path: Path, monkeypatch):
+    from pipelines.rundir import data_cache_root, runs_root
+
+    monkeypatch.delenv("PIPELINE_RUNS_DIR", raising=False)
+    monkeypatch.delenv("PIPELINE_DATA_CACHE", raising=False)
+    assert runs_root(tmp_path) == tmp_path / "runs" and data_cache_root(tmp_path) == tmp_path / "data" / "cache"
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "shared" / "runs"))
+    monkeypatch.setenv("PIPELINE_DATA_CACHE", str(tmp_path / "shared" / "data"))
+    assert runs_root(tmp_path) == tmp_path / "shared" / "runs"
+    assert data_cache_root(tmp_path) == tmp_path / "shared" / "data"

@@ -1,0 +1,433 @@
+"""Full-scale dry run: the experiment's real model, at full size, on fake tensors, sharded by the
+trainer's own code over a fake process group of the planned world size, one training step under
+torch's memory tracker. What `pipeline plan FILE --dry-run` and the pull-request check run.
+
+    result = dry_run(spec)        # DryRun: peak per device by category, beside the analytic plan
+    result.problems()             # [] or one line per failed check
+
+How (torchtitan's scripts/estimate/estimation.py, taken further):
+
+- the layout is the plan's (`validation.preflight.make_plan`: `parallel: auto` resolved, with the
+  micro batch, accumulation and checkpointing the plan chose);
+- `dist.init_process_group("fake")` of that world size (FakeStore: no peer, collectives return at
+  once) and the CPU device mesh of `trainer.parallel.make_mesh`; the model is built and sharded on
+  the meta device by `trainer.parallel.shard_on_meta` (TP plan, FSDP groups, mixed-precision policy,
+  activation checkpointing), then allocated and initialised under `FakeTensorMode` by
+  `trainer.parallel.materialize`: shapes, dtypes and placements are real, no byte is;
+- the forward runs under autocast as accelerate runs it (FSDP layouts keep its fp32 copy of the
+  outputs); DDP cannot wrap fake parameters (it reads them to compare shapes across ranks), so its
+  buckets (accelerate leaves gradient_as_bucket_view off: one gradient copy per parameter, alive
+  for the whole run) are counted from the parameters; a mixture of experts' routing counts, read
+  on the host, are answered with a balanced count (fake tensors have no values to route by);
+- one untracked warm-up step (it creates the optimizer state, and fills DTensor's sharding cache,
+  whose propagation runs on global-shape fake tensors the tracker would count: in a first try the
+  optimizer state read 9x its size), then one tracked step: forward, backward, gradient clipping,
+  optimizer step, over `grad_accum_steps` micro-batches (at most 2: the first without gradient
+  sync, as accelerate's `no_sync` runs it). `FSDPMemTracker` for FSDP/TP layouts, `MemTracker` for
+  plain and DDP ones; the peak snapshot is split into the plan's categories (`CATEGORY_OF`).
+
+Ranks: data and tensor parallelism give every rank the same role (rank 0's shards are the largest
+under torch.chunk), so one rank is simulated; pipeline stages (not executable yet) would need the
+first and the last. A failure while sharding or stepping names the module that was running
+(`DryRunFailed`); `trainer.parallel.apply_tp_plan` names the weight dimension a TP degree does not
+split.
+
+What it cannot see, added as named constants (`unseen_bytes`): the CUDA context, NCCL's buffers,
+kernels' workspaces (cuBLAS, attention) and the caching allocator's fragmentation. The check that
+analytic and tracked agree compares like with like: the tracker's total against the plan's total
+without its framework overhead.
+
+It runs in the calling process (one interpreter start saved: the PR check runs it per experiment)
+and leaves no process group behind: it refuses to start when one is initialised, and destroys its
+fake one however it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from validation.errors import DryRunFailed, TrainingError
+
+if TYPE_CHECKING:
+    from validation.spec import ExperimentSpec
+
+GIB = 2**30
+MIB = 2**20
+
+AGREEMENT = 0.15
+"""Analytic and tracked totals must agree within this fraction of the tracked one."""
+MAX_MICRO_BATCHES = 2
+"""Micro-batches simulated per step: the first (no gradient sync) and the last (sync) differ."""
+
+# What the tracker cannot see (it counts tensors torch allocates, nothing else). Per device.
+CUDA_CONTEXT_BYTES = 512 * MIB
+"""CUDA context and library handles: ~500 MiB on an H100 (nvidia-smi with an empty torch process)."""
+NCCL_BUFFER_BYTES = 512 * MIB
+"""NCCL's communicator buffers (NCCL_BUFFSIZE 4 MiB x channels x peers, per process group); only with world > 1."""
+KERNEL_WORKSPACE_BYTES = 256 * MIB
+"""cuBLAS workspaces (32 MiB per stream and handle on Hopper) and attention kernels' scratch."""
+ALLOCATOR_FRAGMENTATION = 0.05
+"""Caching allocator's reserve over the allocated peak (expandable segments; 10-15 % without)."""
+CPU_PROCESS_BYTES = GIB // 2
+"""A CPU process: interpreter, torch and gloo (replaces the GPU constants when gpus_per_node is 0)."""
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "logits_temporaries", "overhead")
+"""The plan's memory categories (`MemoryEstimate.by_category`), which the tracked peak is split into."""
+CATEGORY_OF: dict[str, str] = {
+    # FSDPMemTracker (_FSDPRefType values) and MemTracker (_MemRefType values).
+    "Sharded Param": "parameters", "Unsharded Param": "parameters", "All Gather": "parameters",
+    "Buffer": "parameters", "Parameter": "parameters",
+    "Sharded Grad": "gradients", "Unsharded Grad": "gradients", "Reduce Scatter": "gradients",
+    "Gradient": "gradients",
+    "OptState": "optimizer_state", "Optstate": "optimizer_state",
+    "Activation": "activations", "Inputs": "activations",
+    "Temp": "logits_temporaries", "Other": "logits_temporaries",
+    "DDP buckets": "gradients",
+}
+"""Tracker category -> plan category: FSDP's gathered parameters and the all-gather buffer are
+parameters, its unsharded gradients and reduce-scatter input gradients (as the plan counts its
+wrapper), backward temporaries (the logits' gradient first) are the plan's logits/temporaries."""
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """One rank's tracked peak beside the analytic plan, in bytes per device."""
+
+    layout: str
+    world_size: int
+    ranks_simulated: list[int]
+    tracker: str
+    tracked_bytes: int
+    """The tracker's peak: every tensor torch allocated, alive at the same time."""
+    by_category: dict[str, int]
+    """`tracked_bytes` split into `CATEGORIES` (overhead: the unseen constants)."""
+    tracker_categories: dict[str, int]
+    """The tracker's own categories at the peak, unmapped."""
+    unseen: dict[str, int]
+    analytic_bytes: int
+    """The plan's total, framework overhead included."""
+    analytic_by_category: dict[str, int]
+    capacity_bytes: int
+    seconds: float
+    micro_batches: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak_bytes(self) -> int:
+        """What the device must hold: the tracked peak plus what the tracker cannot see."""
+        return self.tracked_bytes + sum(self.unseen.values())
+
+    @property
+    def analytic_tracked_bytes(self) -> int:
+        """The plan's total without its overhead: what a tracker could see of it."""
+        return self.analytic_bytes - self.analytic_by_category.get("overhead", 0)
+
+    @property
+    def ratio(self) -> float:
+        """Analytic (without overhead) over tracked."""
+        return self.analytic_tracked_bytes / max(1, self.tracked_bytes)
+
+    def problems(self, agreement: float = AGREEMENT) -> list[str]:
+        """One line per failed check: the peak over the device, analytic and tracked apart."""
+        out = []
+        if self.peak_bytes > self.capacity_bytes:
+            out.append(f"dry run: {self.layout} needs {self.peak_bytes / GIB:.2f} GiB per device "
+                       f"({self.tracked_bytes / GIB:.2f} tracked + {sum(self.unseen.values()) / GIB:.2f} unseen), "
+                       f"more than resource.gpu_memory_gb {self.capacity_bytes / GIB:g}")
+        if abs(self.ratio - 1) > agreement:
+            out.append(f"dry run: the analytic plan says {self.analytic_tracked_bytes / GIB:.2f} GiB per device "
+                       f"without overhead, the tracked step {self.tracked_bytes / GIB:.2f} GiB "
+                       f"(ratio {self.ratio:.2f}, allowed 1 +- {agreement:.2f}); the memory model needs recalibrating")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(peak_bytes=self.peak_bytes, analytic_tracked_bytes=self.analytic_tracked_bytes,
+                    ratio=round(self.ratio, 4), seconds=round(self.seconds, 2), problems=self.problems())
+        return data
+
+    def render_text(self) -> str:
+        unit, size = ("GiB", GIB) if self.peak_bytes >= GIB else ("MiB", MIB)
+        rows = [f"dry run ({self.layout} over {self.world_size} fake ranks, rank(s) "
+                f"{', '.join(map(str, self.ranks_simulated))} simulated, {self.tracker}, {self.seconds:.1f} s):",
+                f"  {'category':<20}{'tracked ' + unit:>12}{'analytic ' + unit:>14}"]
+        for name in CATEGORIES:
+            rows.append(f"  {name:<20}{self.by_category.get(name, 0) / size:>12.2f}"
+                        f"{self.analytic_by_category.get(name, 0) / size:>14.2f}")
+        rows.append(f"  {'total':<20}{self.peak_bytes / size:>12.2f}{self.analytic_bytes / size:>14.2f}"
+                    f"   (device {self.capacity_bytes / GIB:g} GiB; analytic/tracked without overhead "
+                    f"{self.ratio:.2f})")
+        rows.append("  unseen, added as constants: "
+                    + ", ".join(f"{k} {v / size:.2f} {unit}" for k, v in self.unseen.items()))
+        rows += [f"  note: {n}" for n in self.notes]
+        rows += [f"  FAIL {p}" for p in self.problems()]
+        return "\n".join(rows)
+
+
+def unseen_bytes(tracked: int, on_gpu: bool, world: int) -> dict[str, int]:
+    """What the tracker cannot see, per device (the constants above)."""
+    if not on_gpu:
+        return {"cpu_process": CPU_PROCESS_BYTES, "allocator_fragmentation": int(tracked * ALLOCATOR_FRAGMENTATION)}
+    return {"cuda_context": CUDA_CONTEXT_BYTES, "nccl_buffers": NCCL_BUFFER_BYTES if world > 1 else 0,
+            "kernel_workspaces": KERNEL_WORKSPACE_BYTES,
+            "allocator_fragmentation": int(tracked * ALLOCATOR_FRAGMENTATION)}
+
+
+def planned_spec(spec: ExperimentSpec) -> tuple[ExperimentSpec, Any]:
+    """The spec as the trainer would run it (the plan's layout, micro batch, accumulation and
+    checkpointing made explicit), and the plan. Raises `SpecError` when nothing fits."""
+    from validation.preflight import make_plan
+    from validation.resolved import rebuild
+    from validation.spec import ParallelLayout
+
+    plan = make_plan(spec)
+    p = plan.parallel
+    layout = spec.parallel if isinstance(spec.parallel, ParallelLayout) else p.layout()
+    train = spec.train
+    updates: dict[str, Any] = {
+        "parallel": layout.model_dump(mode="json"),
+        "train.micro_batch_size": getattr(p, "micro_batch_size", train.micro_batch_size) or train.micro_batch_size,
+        "train.grad_accum_steps": getattr(p, "grad_accum_steps", train.grad_accum_steps) or train.grad_accum_steps,
+    }
+    mode = getattr(p, "activation_checkpointing", None)
+    if mode is not None and mode != train.activation_checkpointing:
+        updates["train.activation_checkpointing"] = mode
+    return rebuild(spec, updates), plan
+
+
+def dry_run(spec: ExperimentSpec, rank: int = 0) -> DryRun:
+    """Simulate rank `rank` of the planned layout for one training step; see the module doc.
+    Raises `DryRunFailed` when the layout fails at full size, `SpecError` when the plan refuses."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    t0 = time.perf_counter()
+    run_spec, plan = planned_spec(spec)
+    layout = run_spec.parallel_layout()
+    world = layout.dp * layout.tp * layout.pp
+    if dist.is_initialized():
+        raise DryRunFailed("dry run: a process group is already initialised in this process; run it on its own")
+    # DTensor warns that clipping's norm over a 2-D mesh takes two all-reduces: true on a GPU,
+    # noise on a fake process group.
+    quiet = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        tracked, categories, tracker, micro, balanced = _simulate(run_spec, world, rank)
+    finally:
+        dist.destroy_process_group()
+        quiet.setLevel(level)
+    on_gpu = spec.resource.gpus_per_node > 0
+    unseen = unseen_bytes(tracked, on_gpu, world)
+    by_category = dict.fromkeys(CATEGORIES, 0)
+    for name, value in categories.items():
+        if name in CATEGORY_OF:
+            by_category[CATEGORY_OF[name]] += value
+    by_category["overhead"] = sum(unseen.values())
+    memory = plan.memory
+    analytic = _analytic_categories(memory)
+    notes = []
+    if balanced:
+        notes.append("mixture of experts: tokens assumed spread evenly over the experts (fake tensors have no "
+                      "values to route by)")
+    if not on_gpu:
+        notes.append("CPU run: resource.gpu_memory_gb is read as each process's memory")
+    return DryRun(
+        layout=plan.parallel.describe(), world_size=world, ranks_simulated=[rank], tracker=tracker,
+        tracked_bytes=tracked, by_category=by_category, tracker_categories=categories, unseen=unseen,
+        analytic_bytes=int(memory.total_bytes), analytic_by_category=analytic,
+        capacity_bytes=int(memory.capacity_bytes), seconds=time.perf_counter() - t0, micro_batches=micro,
+        notes=notes,
+    )
+
+
+def _analytic_categories(memory: Any) -> dict[str, int]:
+    """The plan's categories (`MemoryEstimate.by_category`, or its fields where it has none)."""
+    split = getattr(memory, "by_category", None)
+    if callable(split):
+        return {k: int(v) for k, v in split().items()}
+    return {"parameters": memory.weights_bytes, "gradients": memory.gradients_bytes + memory.wrapper_bytes,
+            "optimizer_state": memory.optimizer_bytes, "activations": memory.activations_bytes,
+            "logits_temporaries": memory.logits_bytes, "overhead": memory.overhead_bytes}
+
+
+def _simulate(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, dict[str, int], str, int, bool]:
+    """Build, shard and step rank `rank` under fake tensors; the tracked peak (bytes), its
+    categories, the tracker's name, the micro-batches stepped, and whether routing was assumed."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from trainer.optim import build_optimizer
+    from trainer.parallel import Topology, make_mesh, materialize, shard_on_meta
+
+    arch, train = spec.model, spec.train
+    parallel = spec.parallel_layout()
+    layout = f"dp={parallel.dp} tp={parallel.tp} pp={parallel.pp} fsdp={parallel.fsdp}"
+    cpu = torch.device("cpu")
+    try:
+        topo = Topology.from_layout(parallel, world, rank, spec.resource.nodes)
+        mesh = make_mesh(topo, cpu.type) if topo.sharded else None
+        model, buffers = shard_on_meta(spec, topo, mesh)
+    except TrainingError as exc:
+        raise DryRunFailed(f"dry run ({layout}): {exc}") from None
+    except (RuntimeError, ValueError, AssertionError, IndexError) as exc:
+        raise DryRunFailed(f"dry run ({layout}): sharding the model failed: {_first_line(exc)}") from None
+    micro = max(1, min(train.grad_accum_steps, MAX_MICRO_BATCHES))
+    routing = _balanced_routing_mode()
+    with FakeTensorMode(allow_non_fake_inputs=True), routing:  # the device mesh keeps real rank tensors
+        model = materialize(model, buffers, arch, cpu, train.seed)
+        model.train()
+        optimizer = build_optimizer(model, train, arch)
+        batch = _batch(spec)
+        step = _Step(model, optimizer, spec, topo.sharded, micro)
+        _named_failure(step, batch, layout, "warm-up step")
+        if topo.sharded:
+            tracker: Any = FSDPMemTracker(mod=model, optm=optimizer)
+            tracker.track_inputs(tuple(batch.values()))
+        else:
+            tracker = MemTracker()
+            tracker.track_external(model, optimizer, *batch.values())
+        step.between = tracker.reset_mod_stats  # a second micro-batch is not a second iteration to it
+        with tracker:
+            _named_failure(step, batch, layout, "tracked step")
+        snapshot = tracker.get_tracker_snapshot("peak")
+        # DDP cannot wrap fake parameters (it reads their data to compare shapes across ranks): its
+        # buckets, one gradient copy per parameter alive for the whole run (accelerate leaves
+        # gradient_as_bucket_view off), are counted from the parameters themselves.
+        buckets = 0 if topo.sharded or world == 1 else sum(
+            p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    device_snap: dict[Any, int] = next(iter(snapshot.values()), {}) if snapshot else {}
+    total = int(device_snap.get("Total", 0)) + buckets
+    categories = {str(getattr(k, "value", k)): int(v) for k, v in device_snap.items() if k != "Total"}
+    if buckets:
+        categories["DDP buckets"] = buckets
+    return total, categories, type(tracker).__name__, micro, routing.used
+
+
+def _balanced_routing_mode() -> Any:
+    """A dispatch mode that answers `aten.bincount` (a mixture of experts counting the tokens each
+    expert receives, then reading the counts on the host) with a real, balanced count: fake tensors
+    have no values, and balanced routing is what a memory plan assumes."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class BalancedRouting(TorchDispatchMode):
+        used = False
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func is torch.ops.aten.bincount.default and kwargs.get("weights", None) is None:
+                total = args[0].numel()
+                bins = max(int(kwargs.get("minlength", args[2] if len(args) > 2 else 0)), 1)
+                type(self).used = True
+                with unset_fake_temporarily():
+                    counts = torch.full((bins,), total // bins, dtype=torch.int64)
+                    counts[: total % bins] += 1
+                return counts
+            return func(*args, **kwargs)
+
+    return BalancedRouting()
+
+
+def _batch(spec: ExperimentSpec) -> dict[str, Any]:
+    import torch
+
+    shape = (spec.train.micro_batch_size, spec.data.seq_len)
+    ids = torch.randint(0, spec.model.vocab_size, shape)
+    positions = torch.arange(spec.data.seq_len).expand(shape).contiguous()
+    return {"input_ids": ids, "labels": ids.clone(), "position_ids": positions}
+
+
+class _Step:
+    """One optimizer step as `trainer.step.StepRunner` takes it: forward, loss, backward per
+    micro-batch (gradient sync on the last only), clip, optimizer step, zero_grad(set_to_none)."""
+
+    def __init__(self, model: Any, optimizer: Any, spec: ExperimentSpec, sharded: bool, micro: int):
+        self.model, self.optimizer, self.sharded, self.micro = model, optimizer, sharded, micro
+        self.precision = spec.train.precision
+        self.max_norm = spec.train.grad_clip or float("inf")
+        self.between: Any = None
+        """Called between micro-batches (the tracker forgets per-module stats; its peak stays)."""
+
+    def __call__(self, batch: dict[str, Any]) -> None:
+        import contextlib
+
+        import torch
+
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        for m in range(self.micro):
+            last = m == self.micro - 1
+            with self._sync(last), autocast:
+                out = self.model(**batch, use_cache=False)
+            if dtype is not None and self.sharded:  # accelerate's convert_outputs_to_fp32 (FSDP keeps it)
+                out.logits = out.logits.float()
+            loss = out.loss
+            del out
+            loss.backward()
+            if not last and self.between is not None:
+                self.between()
+        clip_grad_norm(list(self.model.parameters()), self.max_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _sync(self, last: bool) -> Any:
+        import contextlib
+
+        if last:
+            if self.sharded and self.micro > 1:
+                self.model.set_requires_gradient_sync(True)
+            return contextlib.nullcontext()
+        if self.sharded:
+            self.model.set_requires_gradient_sync(False)
+            return contextlib.nullcontext()
+        no_sync = getattr(self.model, "no_sync", None)
+        return no_sync() if no_sync is not None else contextlib.nullcontext()
+
+
+def clip_grad_norm(parameters: list[Any], max_norm: float) -> None:
+    """accelerate's clipping as the trainer calls it: one norm over parameters on several meshes
+    (FSDP+TP puts the norms' and the blocks' weights on different ones). Its method uses nothing of
+    the Accelerator, so it is called unbound rather than copied."""
+    from accelerate import Accelerator
+
+    Accelerator._clip_grad_norm_dtensor_aware(None, parameters, max_norm)
+
+
+def _named_failure(step: _Step, batch: dict[str, Any], layout: str, what: str) -> None:
+    """Run `step`; a failure names the module whose forward (or backward) started last, where the
+    failing op ran (the tracker's own `parents` are already unwound when the exception arrives)."""
+    from torch.distributed._tools.mod_tracker import ModTracker
+
+    tracker = ModTracker()
+    last = ["", "forward"]
+
+    def entered(phase: str) -> Any:
+        def hook(module: Any, _: Any) -> None:
+            if module is not None:
+                name = tracker.get_known_fqn(module) or type(module).__name__
+                last[:] = [name.split(".", 1)[-1], phase]  # without the root class
+        return hook
+
+    tracker.register_user_hooks(pre_fw_hook=entered("forward"), pre_bw_hook=entered("backward"))
+    try:
+        with tracker:
+            step(batch)
+    except (RuntimeError, ValueError, AssertionError, IndexError, TypeError) as exc:
+        where = f"in {last[0]} ({last[1]})" if last[0] else "outside any module"
+        raise DryRunFailed(f"dry run ({layout}): the {what} fails at full size {where}: "
+                           f"{_first_line(exc)}") from None
+    finally:
+        tracker.clear_user_hooks()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
