@@ -232,7 +232,8 @@ def plan(
 
 def _dry_run(spec: ExperimentSpec) -> tuple[dict[str, Any], str | None, list[str]]:
     """`trainer.dry_run` on `spec`: its JSON (or `{"error": ...}`), its text, and the failed checks."""
-    from trainer.dry_run import DryRunFailed, dry_run
+    from trainer.dry_run import dry_run
+    from validation.errors import DryRunFailed
 
     try:
         result = dry_run(spec)
@@ -247,7 +248,7 @@ def _fail_dry_run(problems: list[str]) -> None:
     """One line per failed dry-run check on stderr, then the trainer's exit code."""
     if not problems:
         return
-    from trainer.dry_run import DryRunFailed
+    from validation.errors import DryRunFailed
 
     for problem in problems:
         typer.echo(f"error: {problem}", err=True)

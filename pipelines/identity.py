@@ -127,7 +127,7 @@ def _worktree_tree(repo: Path, folder: str) -> str:
         parts = Path(rel).relative_to(folder).parts
         for part in parts[:-1]:
             node = node.setdefault(part, {})  # type: ignore[assignment]
-        node[parts[-1]] = path  # type: ignore[index]
+        node[parts[-1]] = path
     return _tree_hash(root) if root else "absent"
 
 

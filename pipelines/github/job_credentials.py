@@ -140,7 +140,8 @@ def seal(cred: JobCredential, key: str) -> str:
     """The credential as a token only a holder of the key opens (a job output)."""
     body = {"username": cred.username, "password": cred.password, "experiment": cred.experiment,
             "experiment_id": cred.experiment_id, "workflow_run_id": cred.workflow_run_id}
-    return _fernet(key).encrypt(json.dumps(body).encode()).decode()
+    token: bytes = _fernet(key).encrypt(json.dumps(body).encode())
+    return token.decode()
 
 
 def unseal(token: str, key: str, *, workflow_run_id: int, experiment: str) -> JobCredential:
