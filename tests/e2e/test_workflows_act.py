@@ -146,7 +146,9 @@ def test_a_pull_request_from_checks_to_promotion(tiny: Scene) -> None:
         "pipeline.git_sha": scene.head_sha, "pipeline.dirty": "false", "pipeline.pr": str(PR),
         "pipeline.github_run_id": str(train_run_id), "pipeline.verdict": "supported"}).info.run_id
     client.set_terminated(forged, "FINISHED")
-    (attestation,) = client.search_runs([client.get_experiment_by_name("pipeline-provenance").experiment_id])
+    # The provenance store also holds the trusted registry's records (tagged `pipeline.registry`).
+    (attestation,) = [r for r in client.search_runs([client.get_experiment_by_name("pipeline-provenance").experiment_id])
+                      if "pipeline.registry" not in r.data.tags]
     honest = attestation.data.tags["pipeline.training_run_id"]
     assert honest != forged and attestation.data.tags["pipeline.github_run_id"] == str(train_run_id)
 
