@@ -42,6 +42,10 @@ def contract(
     from validation.paths import repo_root_from_cwd
 
     repo = repo_root_from_cwd()
+    missing = [f for f in files or [] if not f.exists()]
+    if missing:
+        typer.echo(f"error: {missing[0]}: no such file", err=True)
+        raise typer.Exit(2)
     plugins = plugins_touched([_relative(f, repo) for f in files], repo) if files else all_plugins(repo)
     if not plugins:
         typer.echo(f"contract: no architecture or optimizer file among {len(files or [])} file(s); nothing to check",

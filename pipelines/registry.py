@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -581,7 +582,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    trusted_code=False, tree=str(planned.facts.get("code_tree", "")))
             print(f"{planned.experiment}: seeds {_seeds(planned.seeds)} of claim {planned.claim} recorded as used")
             return 0
-        done = plan_launch(args.checkout, args.experiment, registry=registry, sha=args.sha, pr=args.pr)
+        if not _SHA.match(args.sha):
+            raise UsageError(f"--sha {args.sha!r}: not a full 40-hex commit SHA")
+        if not (args.checkout / ".git").exists():
+            raise UsageError(f"--checkout {args.checkout}: not a git checkout of the approved commit")
+        try:
+            done = plan_launch(args.checkout, args.experiment, registry=registry, sha=args.sha, pr=args.pr)
+        except subprocess.CalledProcessError as exc:
+            raise UsageError(f"--checkout {args.checkout}: git failed ({' '.join(map(str, exc.cmd[3:]))}, "
+                             f"exit {exc.returncode})") from None
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
