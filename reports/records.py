@@ -65,6 +65,15 @@ class Perf:
     tokens_per_s: float | None = None
     mfu: float | None = None
     peak_mem_gb: float | None = None
+    parameters: int | None = None
+    """The model's parameters (the trainer's `n_params`)."""
+    active_parameters: int | None = None
+    """Parameters one token passes through (`n_active_params`; = parameters for a dense model)."""
+
+
+def _count(value: Any) -> int | None:
+    number = _finite(value)
+    return int(number) if number is not None and number > 0 else None
 
 
 def _typical(history: dict[str, list[tuple[int, float]]], final: dict[str, float], key: str) -> float | None:
@@ -502,6 +511,8 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
             tokens_per_s=_typical(history, final, "perf/tokens_per_s"),
             mfu=_typical(history, final, "perf/mfu"),
             peak_mem_gb=final.get("perf/peak_mem_gb"),
+            parameters=_count(result.get("n_params")),
+            active_parameters=_count(result.get("n_active_params")),
         ),
         env=env,
         mlflow_run_id=result.get("mlflow_run_id"),
@@ -622,7 +633,8 @@ def records_from_mlflow(
                     wall_s=wall_s,
                 ),
                 perf=Perf(_typical(history, final, "perf/tokens_per_s"), _typical(history, final, "perf/mfu"),
-                          final.get("perf/peak_mem_gb")),
+                          final.get("perf/peak_mem_gb"), _count(params.get("n_params")),
+                          _count(params.get("n_active_params"))),
                 env=env,
                 mlflow_run_id=run.info.run_id,
                 mlflow_url=mlflow_run_url(public_url, experiment.experiment_id, run.info.run_id),

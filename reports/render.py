@@ -354,8 +354,19 @@ def cost_section(report: Report) -> str:
         f"| MFU (median window, mean over seeds) | {fmt_pct(100 * b.mfu, False) if b.mfu is not None else '—'} | "
         f"{fmt_pct(100 * c.mfu, False) if c.mfu is not None else '—'} |",
         f"| peak memory GB (max) | {fmt(b.peak_mem_gb)} | {fmt(c.peak_mem_gb)} |",
+        f"| parameters: total / active per token | {_params(b.parameters, b.active_parameters)} | "
+        f"{_params(c.parameters, c.active_parameters)} |",
     ]
     return details("Cost and performance", "\n".join(rows))
+
+
+def _params(total: int | None, active: int | None) -> str:
+    """`124.44 M / 124.44 M`: MFU and the FLOPs behind it count the active ones."""
+    from validation.plan.common import format_count
+
+    if total is None:
+        return "—"
+    return f"{format_count(total)} / {format_count(active) if active is not None else '—'}"
 
 
 def alerts_section(report: Report) -> str:

@@ -55,6 +55,10 @@ class SideSummary:
     tokens_per_s: float | None
     mfu: float | None
     peak_mem_gb: float | None
+    parameters: int | None = None
+    """Total parameters of the side's model (its first run that recorded them)."""
+    active_parameters: int | None = None
+    """Parameters per token (mixture of experts: the experts a token is routed to)."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,8 @@ def summarize(runs: Sequence[RunRecord], charge_for: str | None = None) -> SideS
         tokens_per_s=_mean([r.perf.tokens_per_s for r in done]),
         mfu=_mean([r.perf.mfu for r in done]),
         peak_mem_gb=max((r.perf.peak_mem_gb for r in done if r.perf.peak_mem_gb is not None), default=None),
+        parameters=next((r.perf.parameters for r in done if r.perf.parameters), None),
+        active_parameters=next((r.perf.active_parameters for r in done if r.perf.active_parameters), None),
     )
 
 

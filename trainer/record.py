@@ -42,7 +42,8 @@ def params(spec: ExperimentSpec, world: int, n_params: int, total_steps: int) ->
     out: dict[str, Any] = {f"model.{k}": v for k, v in spec.model.model_dump().items()}
     out |= {f"train.{k}": v for k, v in spec.train.model_dump().items()}
     out |= {"data.seq_len": spec.data.seq_len, "data.weights": json.dumps(spec.data.weights()),
-            "world_size": world, "n_params": n_params, "total_steps": total_steps}
+            "world_size": world, "n_params": n_params, "n_active_params": spec.model.active_parameter_count(),
+            "total_steps": total_steps}
     return out
 
 
@@ -97,6 +98,7 @@ def result(spec: ExperimentSpec, state: Any, outcome: Outcome, *, run_dir: Path,
         "rollbacks": state.rollbacks,
         "resumed_from": outcome.resumed_from,
         "n_params": n_params,
+        "n_active_params": spec.model.active_parameter_count(),
         "flops_per_token": flops_per_token,
         "param_checksums": outcome.param_checksums,
         "checkpoint": {

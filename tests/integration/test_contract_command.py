@@ -79,6 +79,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert masked in leaky
     (root / "models" / "leaky_gpt.py").write_text(leaky.replace(masked, "mask = causal.expand(b, s, s)"))
     (root / "models" / "optimizers" / "leaky_sgd.py").write_text(LEAKY_OPTIMIZER)
+    (root / "docs").mkdir()
+    (root / "docs" / "architectures.md").write_text("# a changed file that is not a plug-in\n")
     return root
 
 
