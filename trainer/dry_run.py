@@ -22,8 +22,8 @@ How (torchtitan's scripts/estimate/estimation.py, taken further):
 - one untracked warm-up step (it creates the optimizer state, and fills DTensor's sharding cache,
   whose propagation runs on global-shape fake tensors the tracker would count: in a first try the
   optimizer state read 9x its size), then one tracked step: forward, backward, gradient clipping,
-  optimizer step, over `grad_accum_steps` micro-batches (at most 2: the first without gradient
-  sync, as accelerate's `no_sync` runs it). `FSDPMemTracker` for FSDP/TP layouts, `MemTracker` for
+  optimizer step, over `grad_accum_steps` micro-batches (at most 2: under DDP the first without gradient
+  sync, as accelerate's `no_sync` runs it; FSDP reduce-scatters each, as trainer/step.py does). `FSDPMemTracker` for FSDP/TP layouts, `MemTracker` for
   plain and DDP ones; the peak snapshot is split into the plan's categories (`CATEGORY_OF`).
 
 Ranks: data and tensor parallelism give every rank the same role (rank 0's shards are the largest
@@ -347,7 +347,7 @@ def _batch(spec: ExperimentSpec) -> dict[str, Any]:
 
 class _Step:
     """One optimizer step as `trainer.step.StepRunner` takes it: forward, loss, backward per
-    micro-batch (gradient sync on the last only), clip, optimizer step, zero_grad(set_to_none)."""
+    micro-batch (DDP: gradient sync on the last only; FSDP: on each), clip, optimizer step, zero_grad(set_to_none)."""
 
     def __init__(self, model: Any, optimizer: Any, spec: ExperimentSpec, sharded: bool, micro: int):
         self.model, self.optimizer, self.sharded, self.micro = model, optimizer, sharded, micro
@@ -381,12 +381,10 @@ class _Step:
     def _sync(self, last: bool) -> Any:
         import contextlib
 
-        if last:
-            if self.sharded and self.micro > 1:
-                self.model.set_requires_gradient_sync(True)
-            return contextlib.nullcontext()
-        if self.sharded:
-            self.model.set_requires_gradient_sync(False)
+        from torch.distributed.fsdp import FSDPModule
+
+        # FSDP2 reduce-scatters every micro-batch (trainer/step.py); DDP skips the sync but the last.
+        if last or isinstance(self.model, FSDPModule):
             return contextlib.nullcontext()
         no_sync = getattr(self.model, "no_sync", None)
         return no_sync() if no_sync is not None else contextlib.nullcontext()

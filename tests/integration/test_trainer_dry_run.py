@@ -62,6 +62,25 @@ def test_the_tracked_peak_splits_into_the_plan_categories_near_the_analytic_numb
     assert {"peak_bytes", "analytic_bytes", "by_category", "ranks_simulated", "seconds"} <= set(data)
 
 
+def test_fsdp_accumulation_keeps_gradients_sharded_between_micro_batches() -> None:
+    """Reproduced on main: under accelerate's no_sync FSDP2 kept every gradient unsharded in fp32
+    until the last micro-batch (here 4x the sharded gradients; 40 GiB a device for Llama-3-70B
+    at FSDP 8 x TP 8 with 8 micro-batches), which the plan did not count. The trainer (and so the
+    dry run, which steps as trainer/step.py does) reduce-scatters every micro-batch."""
+    from trainer.dry_run import dry_run
+
+    def gradients(accum: int) -> int:
+        one = spec({"dp": 4, "fsdp": True})
+        return dry_run(one.model_copy(update={"train": one.train.model_copy(update={"grad_accum_steps": accum})})
+                       ).by_category["gradients"]
+
+    # At the peak (the loss of the last micro-batch) the earlier micro-batch's gradients exist:
+    # this rank's fp32 shard of them, not every parameter's unsharded fp32 gradient (4x as much).
+    sharded_fp32 = spec({"dp": 4, "fsdp": True}).model.parameter_count() * 4 // 4
+    assert gradients(1) == 0
+    assert gradients(2) == pytest.approx(sharded_fp32, rel=0.05)
+
+
 def test_a_tp_split_that_fails_only_at_full_width_is_refused_naming_module_and_dimension(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bad = spec({"dp": 1, "tp": 8, "fsdp": True}, {"num_kv_heads": 8, "intermediate_size": 700})

@@ -207,7 +207,7 @@ class MemoryEstimate:
     (checkpointing) or still saved (the first block, when almost every gradient exists)."""
     accumulated_gradient_bytes: int = 0
     """Gradients alive through a later micro-batch's forward (grad_accum_steps > 1): plain/DDP's
-    fp32 gradients, or FSDP's unsharded fp32 ones under no_sync."""
+    fp32 gradients, or FSDP's fp32 shard (reduce-scattered every micro-batch)."""
     output_group_bytes: int = 0
     """FSDP: the output layer's group, still unsharded when the loss runs (the next layer is not
     prefetched before the backward starts)."""
@@ -232,8 +232,7 @@ class MemoryEstimate:
                      "activations": self.activations_bytes + self.logits_saved_bytes + self.autocast_copy_bytes,
                      "logits_temporaries": self.logits_bytes},
             "backward": {"parameters": self.weights_bytes + self.wrapper_parameter_bytes,
-                         "gradients": self.gradients_bytes + self.wrapper_gradient_bytes
-                         + (self.accumulated_gradient_bytes if self.sharded_wrapper else 0), **states,
+                         "gradients": self.gradients_bytes + self.wrapper_gradient_bytes, **states,
                          "activations": self.recompute_bytes, "logits_temporaries": 0},
             "optimizer": {"parameters": self.weights_bytes, "gradients": self.gradients_bytes + buckets,
                           **states, "activations": 0, "logits_temporaries": 0},
@@ -397,13 +396,12 @@ def _memory(spec: ExperimentSpec, dp: int, tp: int, pp: int, fsdp: bool, micro_b
 
     wrapper_params = wrapper_grads = autocast = output_group = 0
     accumulated = 0
-    if accum > 1 and not sharded:
-        # Plain/DDP: the fp32 gradients of the earlier micro-batches. (FSDP2 under accelerate's
-        # no_sync keeps every parameter's gradient unsharded in fp32 until the last micro-batch:
-        # the dry run measured 0.61 GiB on GPT-2 small, 4 micro-batches, fp32. It is not counted
-        # here: for Llama-3-70B on 64 GPUs, FSDP 8 x TP 8 with 8 micro-batches, it is 40 GiB per
-        # device, and the trainer should reduce-scatter every micro-batch as torchtitan does;
-        # until it does, the dry run in the PR check sees it.)
+    if accum > 1:
+        # The fp32 gradients of the earlier micro-batches, alive through the last one's forward:
+        # all of them under plain/DDP, this rank's shard under FSDP, which reduce-scatters every
+        # micro-batch (trainer/step.py, as torchtitan). (Under accelerate's no_sync FSDP2 kept them
+        # unsharded in fp32: 0.61 GiB on GPT-2 small with 4 micro-batches, 40 GiB a device for
+        # Llama-3-70B on FSDP 8 x TP 8 with 8.)
         accumulated = params_here * state.gradients
     if sharded:
         one_embedding = model.vocab_size * hidden
