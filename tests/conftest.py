@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra import tiers
+from tests.infra import scheduling, tiers
 from validation.environment import apply_offline_env, scoped_environ
 
 # Every process a test starts inherits these (MLflow phones home on import otherwise).
@@ -94,18 +94,21 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
                 subprocess.run([script, "stop"], capture_output=True, timeout=120)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test gets its tier's marker; `gpu` tests run only where CUDA is available.
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`make test` (`-n 2 --dist loadgroup`): a module's tests stay together and in order on one
+    worker (module fixtures are built once), every module that uses the Slurm cluster on the same
+    worker, heaviest modules first (`tests/infra/scheduling.py`)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return scheduling.make_scheduler(config, log)
 
-    On xdist workers (`make test`: `-n 2 --dist loadgroup`) a module's tests stay together and in
-    order on one worker, as in one process (module fixtures are built once and shared), and every
-    module that uses the one Slurm cluster runs on the same worker."""
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets its tier's marker; `gpu` tests run only where CUDA is available. On xdist
+    workers the collection is ordered heaviest module first (`scheduling.order_items`)."""
     tiers.mark_by_directory(items)
-    slurm_modules = {item.nodeid.split("::")[0] for item in items
-                     if "slurm_cluster" in getattr(item, "fixturenames", ())}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("slurm" if module in slurm_modules else module))
+    if hasattr(config, "workerinput") and config.getvalue("dist") == "loadgroup":
+        scheduling.order_items(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return

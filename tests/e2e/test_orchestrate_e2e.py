@@ -1,5 +1,11 @@
 """`pipeline run` end to end on CPU: baseline first, candidate, report, sticky comment;
-a second run reuses everything; another candidate reuses the baseline's training."""
+a second run reuses everything; another candidate reuses the baseline's training.
+
+One module repository, one baseline training for every test: the first run (`first_run`: baseline,
+then candidate) starts two `pipeline run` processes of two more PRs (tiny-a, tiny-b) when it begins
+to train the baseline they also need (the two-processes test reads them), and another PR's
+candidate (`other_pr`) is submitted with `--detach` and followed to its report by a later run,
+which both the reuse test and the detach test read (one training instead of one each)."""
 
 from __future__ import annotations
 
@@ -36,20 +42,91 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "experiments" / "tiny-base.yaml").write_text(BASE)
     (root / "experiments" / "tiny-lr.yaml").write_text(CANDIDATE.format(name="tiny-lr", lr=0.006))
     (root / "experiments" / "tiny-lr2.yaml").write_text(CANDIDATE.format(name="tiny-lr2", lr=0.009))
+    (root / "experiments" / "tiny-a.yaml").write_text(CANDIDATE.format(name="tiny-a", lr=0.005))
+    (root / "experiments" / "tiny-b.yaml").write_text(CANDIDATE.format(name="tiny-b", lr=0.007))
     demo_corpus(root / "data" / "demo", 150_000)
     return root
 
 
+class StartsTwoPRs(Recorder):
+    """A Recorder that, when the baseline's training starts (its locks held), starts two
+    `pipeline run` processes of two other PRs needing the same baseline (tiny-a, tiny-b)."""
+
+    def __init__(self, repo: Path, uri: str) -> None:
+        super().__init__()
+        self.repo, self.uri = repo, uri
+        self.procs: list[Any] = []
+        self.logs: list[Path] = []
+        self.outputs: list[str] = []
+
+    def training(self, label: str, run_dir: Path, total_steps: int):
+        if label == "tiny-base seed 1234" and not self.procs:
+            import os
+            import subprocess
+            import sys
+
+            env = dict(os.environ, PIPELINE_RUNS_DIR=str(self.repo / "runs"), MLFLOW_TRACKING_URI=self.uri)
+            for name in ("tiny-a", "tiny-b"):
+                log = self.repo / f"{name}.out"
+                self.logs.append(log)
+                with log.open("w") as out:
+                    self.procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "pipelines", "run", f"experiments/{name}.yaml", "--no-smoke"],
+                        cwd=self.repo, env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
+        return super().training(label, run_dir, total_steps)
+
+    def wait(self) -> list[str]:
+        for proc in self.procs:
+            proc.wait(timeout=600)
+        return [log.read_text() for log in self.logs]
+
+
 @pytest.fixture(scope="module")
-def first_run(repo: Path) -> tuple[Recorder, Any, Any]:
+def first_run(repo: Path) -> tuple[StartsTwoPRs, Any, Any]:
     """The first `pipeline run` of tiny-lr in `repo` (PR 42): what it recorded, the candidate and the
-    baseline. A fixture, so a test that needs the finished first run gets it alone or in any order."""
+    baseline. A fixture, so a test that needs the finished first run gets it alone or in any order.
+    Its recorder also holds the two `pipeline run` processes (tiny-a, tiny-b) it started when the
+    baseline's training began, finished (`.procs`, their output in `.outputs`)."""
+    uri = f"sqlite:///{repo / 'mlflow.db'}"
+    # Create the MLflow schema once: several processes migrating a new sqlite file at once is an
+    # MLflow limitation, not what these tests are about.
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=uri).search_experiments()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PIPELINE_RUNS_DIR", str(repo / "runs"))
-        rec = Recorder()
-        flow = ExperimentFlow(repo, RunOptions(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}", pr=42), rec)
-        candidate, baseline = flow.run(repo / "experiments" / "tiny-lr.yaml")
+        rec = StartsTwoPRs(repo, uri)
+        flow = ExperimentFlow(repo, RunOptions(tracking_uri=uri, pr=42), rec)
+        try:
+            candidate, baseline = flow.run(repo / "experiments" / "tiny-lr.yaml")
+        finally:
+            rec.outputs = rec.wait()
     return rec, candidate, baseline
+
+
+@pytest.fixture(scope="module")
+def other_pr(repo: Path, first_run: tuple[Recorder, Any, Any]) -> dict[str, Any]:
+    """Another PR's candidate (tiny-lr2) against the baseline the first run trained, submitted
+    with `--detach`, then followed to its report by a later run: what each of the two flows
+    recorded and returned, and what the run directory held in between."""
+    from pipelines.orchestrate import Detached
+
+    uri = f"sqlite:///{repo / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PIPELINE_RUNS_DIR", str(repo / "runs"))
+        detach_rec = Recorder()
+        flow = ExperimentFlow(repo, RunOptions(tracking_uri=uri, smoke=False, detach=True), detach_rec)
+        with pytest.raises(Detached):
+            flow.run(repo / "experiments" / "tiny-lr2.yaml")
+        submitted = {name: (seed, seed_dir, kind, job_id) for name, seed, seed_dir, kind, job_id in flow.detached}
+        between = {name: {"launch": (d / "launch.json").exists(),
+                          "train_marker": (d.parent.parent / "stages" / "train.json").exists()}
+                   for name, (_, d, _, _) in submitted.items()}
+        follow_rec = Recorder()
+        candidate, baseline = ExperimentFlow(repo, RunOptions(tracking_uri=uri, smoke=False), follow_rec).run(
+            repo / "experiments" / "tiny-lr2.yaml")
+    return {"detach_events": detach_rec.events, "submitted": submitted, "between": between,
+            "follow_events": follow_rec.events, "candidate": candidate, "baseline": baseline}
 
 
 def test_run_trains_baseline_then_candidate_and_reports(repo: Path, first_run: tuple[Recorder, Any, Any]) -> None:
@@ -96,7 +173,8 @@ def test_run_trains_baseline_then_candidate_and_reports(repo: Path, first_run: t
 
 
 def test_second_run_is_all_cached_and_other_candidate_reuses_baseline(
-        repo: Path, first_run: tuple[Recorder, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+        repo: Path, first_run: tuple[Recorder, Any, Any], other_pr: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIPELINE_RUNS_DIR", str(repo / "runs"))
     uri = f"sqlite:///{repo / 'mlflow.db'}"
     rec = Recorder()
@@ -107,82 +185,59 @@ def test_second_run_is_all_cached_and_other_candidate_reuses_baseline(
     assert not [e for e in rec.events if e[1] == "training"], "nothing may be trained again"
     assert candidate.report_dir and (candidate.report_dir / "report.md").exists()
 
-    # Another PR's candidate against the same baseline: the baseline is not trained again.
-    rec2 = Recorder()
-    other, base2 = ExperimentFlow(repo, RunOptions(tracking_uri=uri, smoke=False), rec2).run(
-        repo / "experiments" / "tiny-lr2.yaml")
-    trained = [label for label, kind, _ in rec2.events if kind == "training"]
-    assert trained == ["tiny-lr2 seed 1234"]
+    # Another PR's candidate against the same baseline (`other_pr`): the baseline is not trained
+    # again. The only training launched for that PR is its candidate's (what --detach submitted),
+    # and neither of its flows trained anything else.
+    assert set(other_pr["submitted"]) == {"tiny-lr2"}, other_pr["submitted"]
+    for events in (other_pr["detach_events"], other_pr["follow_events"]):
+        trained = [label for label, kind, _ in events if kind == "training"]
+        assert set(trained) <= {"tiny-lr2 seed 1234"}, trained
+        assert ("tiny-base", "train", "skipped") in events, events
+    other, base2 = other_pr["candidate"], other_pr["baseline"]
+    assert other.seed_dirs == [other_pr["submitted"]["tiny-lr2"][1]]
     assert base2 is not None and base2.seed_dirs == baseline.seed_dirs
     assert json.loads((other.report_dir / "result.json").read_text())
 
 
-def test_two_experiments_at_once_share_one_baseline_training(tmp_path: Path) -> None:
-    """Two `pipeline run` processes (two PRs) started together: separate run directories and
-    MLflow runs, the shared baseline trained once, no shared temp files, both succeed."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.infra.corpus import demo_corpus
-
-    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
-    (tmp_path / "experiments").mkdir()
-    (tmp_path / "experiments" / "tiny-base.yaml").write_text(BASE)
-    (tmp_path / "experiments" / "tiny-a.yaml").write_text(CANDIDATE.format(name="tiny-a", lr=0.005))
-    (tmp_path / "experiments" / "tiny-b.yaml").write_text(CANDIDATE.format(name="tiny-b", lr=0.007))
-    demo_corpus(tmp_path / "data" / "demo", 150_000)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # Create the MLflow schema once: two processes migrating a new sqlite file at once is an
-    # MLflow limitation, not what this test is about.
+def test_two_experiments_at_once_share_one_baseline_training(repo: Path, first_run: tuple[StartsTwoPRs, Any, Any]) -> None:
+    """Two `pipeline run` processes (two PRs) started together, while the first run trains the
+    baseline they need too (`first_run`): separate run directories and MLflow runs, the shared
+    baseline trained once, no shared temp files, both succeed."""
     from mlflow.tracking import MlflowClient
 
-    MlflowClient(tracking_uri=uri).search_experiments()
-    env = dict(os.environ, PIPELINE_RUNS_DIR=str(tmp_path / "runs"), MLFLOW_TRACKING_URI=uri)
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "pipelines", "run", f"experiments/{n}.yaml", "--no-smoke"],
-                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for n in ("tiny-a", "tiny-b")
-    ]
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
+    rec = first_run[0]
+    assert len(rec.procs) == 2  # started when the baseline's training began
+    assert [p.returncode for p in rec.procs] == [0, 0], rec.outputs
+    assert [label for label, kind, _ in rec.events if kind == "training"][0] == "tiny-base seed 1234"
 
-    runs = tmp_path / "runs"
-    # runs/<YYYYMMDD>/<experiment>/<run-id> (runs/registry/ holds the preregistrations)
-    dirs = {p.parent.name: p for p in runs.glob("[0-9]*/*/*") if p.is_dir()}
-    assert set(dirs) == {"tiny-a", "tiny-b", "tiny-base"}
+    runs = repo / "runs"
+    uri = f"sqlite:///{repo / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
-    for name, expected in (("tiny-a", 1), ("tiny-b", 1), ("tiny-base", 1)):
+    # runs/<YYYYMMDD>/<experiment>/<run-id> (runs/registry/ holds the preregistrations)
+    for name in ("tiny-a", "tiny-b", "tiny-base"):
+        dirs = [p for p in runs.glob(f"[0-9]*/{name}/*") if p.is_dir()]
+        assert len(dirs) == 1, (name, dirs)
         exp = client.get_experiment_by_name(name)
-        assert len(client.search_runs([exp.experiment_id])) == expected, name
+        assert len(client.search_runs([exp.experiment_id])) == 1, name
     assert not list(runs.rglob("*.tmp")), "no temp file may be left behind"
 
 
-def test_detach_submits_and_a_later_run_follows_the_job_to_the_report(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipelines.orchestrate import Detached
-
-    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(repo / "runs"))
-    (repo / "experiments" / "tiny-detach.yaml").write_text(CANDIDATE.format(name="tiny-detach", lr=0.008))
-    uri = f"sqlite:///{repo / 'mlflow.db'}"
-    flow = ExperimentFlow(repo, RunOptions(tracking_uri=uri, smoke=False, detach=True), Recorder())
-    with pytest.raises(Detached):
-        flow.run(repo / "experiments" / "tiny-detach.yaml")
-    # The candidate is submitted (and the baseline too when it has no finished run yet).
-    submitted = {name: (seed, seed_dir, kind, job_id) for name, seed, seed_dir, kind, job_id in flow.detached}
-    seed, seed_dir, kind, job_id = submitted["tiny-detach"]
+def test_detach_submits_and_a_later_run_follows_the_job_to_the_report(
+        repo: Path, other_pr: dict[str, Any]) -> None:
+    # `other_pr`: tiny-lr2 submitted with --detach (the baseline had a finished run, so only the
+    # candidate was submitted), then a plain run followed it.
+    seed, seed_dir, kind, job_id = other_pr["submitted"]["tiny-lr2"]
     assert (seed, kind) == (1234, "local") and job_id
+    assert other_pr["between"]["tiny-lr2"] == {"launch": True, "train_marker": False}  # not done yet: no marker
     assert (seed_dir / "launch.json").exists()
-    assert not (seed_dir.parent.parent / "stages" / "train.json").exists()  # not done yet: no marker
 
-    rec = Recorder()
-    candidate, _ = ExperimentFlow(repo, RunOptions(tracking_uri=uri, smoke=False), rec).run(
-        repo / "experiments" / "tiny-detach.yaml")
+    candidate = other_pr["candidate"]
     assert candidate.seed_dirs == [seed_dir]
     assert read_json(seed_dir / "result.json")["status"] == "finished"
     assert (candidate.report_dir / "report.md").exists()
     # Followed, not launched a second time: one MLflow run for the experiment.
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name("tiny-detach")
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny-lr2")
     assert len(client.search_runs([exp.experiment_id])) == 1

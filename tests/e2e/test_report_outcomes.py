@@ -79,7 +79,10 @@ def _verdict_tags(uri: str) -> list[str]:
 
 def test_lr_times_333_through_the_flow_is_refuted_as_diverged_with_the_alert_on_top(tmp_path, monkeypatch):
     """`pipeline run` of a learning rate 333x the baseline's (the review's case): the trainer
-    stops the run as diverged, orchestration carries on, and the verdict says so."""
+    stops the run as diverged, orchestration carries on, and the verdict says so. The baseline
+    is not trained (`run_baseline=False`, `pipeline run --no-baseline`): a diverged candidate is
+    refuted before any baseline value is compared (reports.verdict), so its training (one
+    trainer process, ~10 s) would show nothing more."""
     import time
 
     from pipelines.orchestrate import ExperimentFlow, RunOptions
@@ -92,8 +95,10 @@ def test_lr_times_333_through_the_flow_is_refuted_as_diverged_with_the_alert_on_
     demo_corpus(tmp_path / "data" / "demo", 150_000)
     monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
     started = time.time()
-    flow = ExperimentFlow(tmp_path, RunOptions(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", smoke=False))
+    flow = ExperimentFlow(tmp_path, RunOptions(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", smoke=False,
+                                               run_baseline=False))
     candidate, baseline = flow.run(tmp_path / "experiments" / "tiny-lr333.yaml")
+    assert baseline is None and not list((tmp_path / "runs").glob("*/tiny-base/*/train"))
     print(f"lr x 333 flow: {time.time() - started:.0f} s")
     assert candidate.verdict == "refuted", candidate.verdict_reason
     assert candidate.verdict_reason.startswith("Refuted: candidate diverged at step")

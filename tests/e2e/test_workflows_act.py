@@ -43,9 +43,11 @@ def scene(tmp_path: Path) -> Iterator[Scene]:
 
 @pytest.fixture
 def tiny(tmp_path: Path) -> Iterator[Scene]:
-    """The PR adds a very small baseline and candidate, so that training takes seconds."""
+    """main has a very small baseline (wf-base) and the PR adds only its candidate
+    (wf-candidate), so that training takes seconds and the PR check validates, plans,
+    prepares, checks and smoke-trains one experiment, not two."""
     with GitHubEmulator() as gh:
-        yield make_scene(tmp_path, gh, tiny=True)
+        yield make_scene(tmp_path, gh, tiny=True, candidate_only=True)
 
 
 # --------------------------------------------------------------------------- the whole life of a PR

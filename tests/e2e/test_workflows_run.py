@@ -42,8 +42,9 @@ class Flow:
     """A repository, a PR branch that changes one experiment, the emulator and a runner."""
 
     def __init__(self, tmp: Path, gh: GitHubEmulator, tiny: bool = False):
-        """`tiny`: the PR adds a very small baseline and candidate (TINY), so that /train
-        trains both in seconds; otherwise it edits the example experiment higher-lr."""
+        """`tiny`: the PR adds a very small baseline and candidate (TINY, on one small demo
+        source), so that /train trains both in seconds; otherwise it edits the example
+        experiment higher-lr."""
         self.gh = gh
         self.repo = EmulatedRepository.from_working_tree(tmp / "origin", REPO_NAME)
         self.base_sha = self.repo.head()

@@ -69,6 +69,8 @@ model:
   vocab_size: 512
   max_position_embeddings: 64
 data:
+  sources:
+    - {{name: reference, path: data/demo/reference.jsonl, weight: 1.0}}
   seq_len: 32
   tokenizer:
     vocab_size: 512
@@ -81,6 +83,7 @@ train:
   eval_batches: 1
   checkpoint_interval: 6
 """
+
 
 
 def marker_architecture(project: Path, marker: Path) -> str:

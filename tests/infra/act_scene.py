@@ -85,13 +85,22 @@ class Scene:
         return [c for c in self.gh.comments(REPO_NAME, PR) if c["body"].startswith(marker)]
 
 
-def make_scene(tmp: Path, gh: GitHubEmulator, *, tiny: bool, invalid: bool = False) -> Scene:
+def make_scene(tmp: Path, gh: GitHubEmulator, *, tiny: bool, invalid: bool = False,
+               candidate_only: bool = False) -> Scene:
+    """`candidate_only` (with `tiny`): the tiny baseline wf-base is already on main and the PR
+    adds only wf-candidate, so the PR check validates, plans, prepares and smoke-trains one
+    experiment, not two."""
     repo = EmulatedRepository.from_working_tree(tmp / "origin", REPO_NAME)
     repo.git("remote", "add", "origin", f"https://github.com/{REPO_NAME}.git")  # act derives github.repository from it
+    if candidate_only:
+        shutil.copy(TINY / "wf-base.yaml", repo.path / "experiments" / "wf-base.yaml")
+        repo.git("add", "experiments/wf-base.yaml")
+        repo.commit("The tiny baseline")
     base_sha = repo.head()
     repo.git("checkout", "-q", "-b", "exp/higher-lr")
     if tiny:
-        experiment, files = "wf-candidate", sorted(TINY.glob("*.yaml"))
+        experiment = "wf-candidate"
+        files = [TINY / "wf-candidate.yaml"] if candidate_only else sorted(TINY.glob("*.yaml"))
         for source in files:
             shutil.copy(source, repo.path / "experiments" / source.name)
         changed = [f"experiments/{f.name}" for f in files]

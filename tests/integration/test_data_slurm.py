@@ -13,7 +13,10 @@ from tests.infra.data_helpers import build_small_demo, demo_sources, make_spec
 
 def test_slurm_preparation_is_byte_identical_to_local(tmp_path: Path, slurm_cluster) -> None:
     build_small_demo(tmp_path)
-    spec = make_spec(demo_sources(), task_bytes=16384)  # ~4 tasks per source: 12 array tasks per stage
+    # Two sources of 58 kB, two tasks each: 4 array tasks per stage, and every source's shards
+    # come from more than one task (8 token files, > 6 below). Three sources in 16 kB tasks made
+    # 12 array tasks per stage: three times the Slurm tasks for the same claim.
+    spec = make_spec(demo_sources({"code": 0.5, "docs": 0.5}), task_bytes=32768)
     local = prepare_data(spec.data, tmp_path, cache_root=tmp_path / "local", progress=False, workers=1)
     on_slurm = prepare_data(spec.data, tmp_path, cache_root=tmp_path / "slurm", progress=False, launcher="slurm",
                             slurm=SlurmOptions(time="0:10:00", mem_per_task="400M", poll_s=0.3))

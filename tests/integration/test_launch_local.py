@@ -2,23 +2,25 @@
 
 Runs the real trainer (`python -m trainer`) when it is importable, else the probe in
 `tests/infra/probe_train.py`, which follows the same contract.
+
+Two-process trainings of the real trainer with this launcher are in `test_launch_ownership.py`,
+which shares them between claims: `test_two_process_training_finishes` (moved there) and the
+cancel that checkpoints first, then stops
+(`test_pipeline_cancel_returns_when_no_rank_is_alive_and_the_rerun_resumes`).
 """
 
 from __future__ import annotations
 
 import os
 
-from pipelines.launchers import Phase, Verdict, get_launcher, handle_for_run, run_with_retries
+from pipelines.launchers import Phase, Verdict, get_launcher, run_with_retries
 from tests.infra.launch_helpers import (
     USE_TRAINER,
-    checkpoints,
     make_job,
     probe_events,
     probe_ranks,
     result,
     training_job,
-    training_started,
-    wait_until,
 )
 
 
@@ -34,35 +36,6 @@ def test_two_processes_really_form_one_process_group(tmp_path):
     assert any("probe rank 1/2" in line for line in lines)  # streamed to on_log
     assert "probe rank 0/2" in (job.run_dir / "logs" / "launcher.log").read_text()
     assert "ready: 0 error(s)" in (job.run_dir / "logs" / "doctor.txt").read_text()
-
-
-def test_two_process_training_finishes(tmp_path):
-    job = training_job(tmp_path, procs=2)
-    launcher = get_launcher("local")
-    handle = launcher.submit(job)
-    # Followed from the saved handle, as `pipeline status RUN` would.
-    assert handle_for_run(job.run_dir).job_id == handle.job_id
-    state = launcher.wait(handle)
-    assert state.ok and state.result_status == "finished", state
-    assert result(job.run_dir)["status"] == "finished"
-    if USE_TRAINER:
-        assert result(job.run_dir)["world_size"] == 2
-
-
-def test_cancel_checkpoints_first_then_stops(tmp_path):
-    job = training_job(tmp_path, procs=2, long=True)
-    launcher = get_launcher("local")
-    handle = launcher.submit(job)
-    wait_until(lambda: training_started(job.run_dir), "the first steps")
-    assert checkpoints(job.run_dir) == []  # no periodic checkpoint is due in this run
-    state = launcher.cancel(handle)
-    assert state.phase is Phase.CANCELLED, state
-    assert checkpoints(job.run_dir), "SIGTERM must leave a checkpoint behind"
-    assert not (job.run_dir / "result.json").exists()
-    if USE_TRAINER:
-        assert "SIGTERM: checkpoint saved" in (job.run_dir / "logs" / "launcher.log").read_text()
-    else:
-        assert {e["rank"] for e in probe_events(job.run_dir) if e["event"] == "sigterm"} == {0, 1}
 
 
 def test_crash_is_retried_and_resumes_from_the_checkpoint(tmp_path):

@@ -4,13 +4,21 @@ run an FSDP2 job end to end, sharded across the two nodes; a SIGKILL of node 1's
 between checkpoints is relaunched by the launcher's retry and resumes from the sharded (DCP)
 checkpoint with per-step losses bitwise equal to the uninterrupted run.
 
-One uninterrupted static run is the reference (module fixture); losses come from metrics.jsonl.
+The reference is one uninterrupted run of the same job on one machine with two processes
+(`local` launcher, module fixture); losses come from metrics.jsonl. The static job runs once
+(module fixture), with node 1 SIGKILLed after its first checkpoint: its per-step losses equal
+the one-machine run's bitwise (the first test) and it resumed (the second). The static
+launcher's own contract (each node's `accelerate launch` line: two machines, the fixed
+rendezvous, its machine rank) is checked on that job too (it was `test_launch_static.py`).
+The Slurm job also tracks to the session's MLflow server: it is the two-node CPU training on
+Slurm end to end (it was `test_launch_slurm.py::test_two_node_cpu_training_end_to_end`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -105,25 +113,42 @@ def assert_bitwise(got: dict[int, float], want: dict[int, float]) -> None:
 
 
 @pytest.fixture(scope="module")
-def static_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    job, outcomes = run_static(tmp_path_factory.mktemp("static-ref"))
-    assert all(o.state.phase is Phase.SUCCEEDED and o.attempts == 1 for o in outcomes), (outcomes, _logs(job.run_dir))
-    return {"run_dir": job.run_dir, "losses": step_losses(job.run_dir)}
-
-
-def test_static_two_machines_fsdp_equals_one_machine_two_ranks(static_reference: dict[str, Any],
-                                                                 tmp_path: Path) -> None:
-    run_dir = static_reference["run_dir"]
-    assert_fsdp_across_nodes(run_dir)
-    for rank in (0, 1):
-        assert "--num_machines 2 " in (run_dir / "logs" / f"launcher-node{rank}.log").read_text()
-    # The same job on one machine with two processes (local launcher): the same losses, bitwise.
-    job = fsdp_job(tmp_path, nodes=1, procs=2, launcher="local")
+def one_machine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same job on one machine with two processes (local launcher), uninterrupted: the reference."""
+    job = fsdp_job(tmp_path_factory.mktemp("one-machine"), nodes=1, procs=2, launcher="local")
     launcher = get_launcher("local")
     state = launcher.wait(launcher.submit(job), timeout=240)
     assert state.phase is Phase.SUCCEEDED, (state, _logs(job.run_dir))
-    assert result(job.run_dir)["layout"]["sharded"]
-    assert_bitwise(static_reference["losses"], step_losses(job.run_dir))
+    return {"run_dir": job.run_dir, "losses": step_losses(job.run_dir)}
+
+
+@pytest.fixture(scope="module")
+def static_killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The static job on two "machines", node 1's trainer SIGKILLed between checkpoints."""
+    killed: dict[str, Any] = {}
+
+    def kill(job: LaunchJob) -> None:
+        killed.update(kill_node1_after_first_checkpoint(job.run_dir))
+
+    job, outcomes = run_static(tmp_path_factory.mktemp("static"), on_started=kill)
+    return {"job": job, "outcomes": outcomes, "killed": killed}
+
+
+def test_static_two_machines_fsdp_equals_one_machine_two_ranks(static_killed: dict[str, Any],
+                                                                 one_machine: dict[str, Any]) -> None:
+    job, outcomes = static_killed["job"], static_killed["outcomes"]
+    run_dir = job.run_dir
+    assert all(o.state.phase is Phase.SUCCEEDED for o in outcomes), (outcomes, _logs(run_dir))
+    assert_fsdp_across_nodes(run_dir)
+    port = job.rendezvous.split(":")[1]
+    for rank in (0, 1):
+        log = (run_dir / "logs" / f"launcher-node{rank}.log").read_text()
+        # Each node's own `accelerate launch`: two machines meeting at the fixed rendezvous, its rank.
+        assert f"--num_machines 2 --mixed_precision no --dynamo_backend no --main_process_ip 127.0.0.1 " \
+               f"--main_process_port {port} --machine_rank {rank}" in log, log[-2000:]
+    # The same job on one machine with two processes (local launcher): the same losses, bitwise.
+    assert result(one_machine["run_dir"])["layout"]["sharded"]
+    assert_bitwise(step_losses(run_dir), one_machine["losses"])
 
 
 def kill_node1_after_first_checkpoint(run_dir: Path) -> dict[str, Any]:
@@ -156,14 +181,9 @@ def assert_resumed_bitwise(run_dir: Path, killed: dict[str, Any], reference: dic
     return resumed
 
 
-def test_static_sigkill_of_node1_between_checkpoints_resumes_bitwise(static_reference: dict[str, Any],
-                                                                       tmp_path: Path) -> None:
-    killed: dict[str, Any] = {}
-
-    def kill(job: LaunchJob) -> None:
-        killed.update(kill_node1_after_first_checkpoint(job.run_dir))
-
-    job, outcomes = run_static(tmp_path, on_started=kill)
+def test_static_sigkill_of_node1_between_checkpoints_resumes_bitwise(static_killed: dict[str, Any],
+                                                                       one_machine: dict[str, Any]) -> None:
+    job, outcomes, killed = static_killed["job"], static_killed["outcomes"], static_killed["killed"]
     logs = _logs(job.run_dir)
     assert all(o.state.phase is Phase.SUCCEEDED for o in outcomes), (outcomes, logs)
     # torch elastic turns a rank killed by SIGKILL into exit 1 of `accelerate launch`, naming the signal.
@@ -171,14 +191,15 @@ def test_static_sigkill_of_node1_between_checkpoints_resumes_bitwise(static_refe
     assert outcomes[1].attempts == 2 and outcomes[1].decisions[0].reason.startswith("crashed"), outcomes[1]
     assert "Signal 9 (SIGKILL)" in node1, node1[-3000:]
     assert outcomes[0].attempts == 2, outcomes[0]  # node 0 lost its peer and was relaunched too
-    assert_resumed_bitwise(job.run_dir, killed, static_reference["losses"])
+    assert_resumed_bitwise(job.run_dir, killed, one_machine["losses"])
 
 
-def test_slurm_two_nodes_fsdp_sigkill_of_node1_resumes_bitwise(static_reference: dict[str, Any], tmp_path: Path,
-                                                               slurm_cluster: Any) -> None:
+def test_slurm_two_nodes_fsdp_sigkill_of_node1_resumes_bitwise(one_machine: dict[str, Any], tmp_path: Path,
+                                                               slurm_cluster: Any, mlflow_server: Any) -> None:
     """The Slurm job end to end, with node 1's trainer SIGKILLed between checkpoints: the
-    batch script's in-job retry loop relaunches both nodes, which resume from the DCP shards."""
-    job = fsdp_job(tmp_path, nodes=2, procs=1, launcher="slurm")
+    batch script's in-job retry loop relaunches both nodes, which resume from the DCP shards.
+    Machine ranks come from SLURM_NODEID; the run is tracked in MLflow."""
+    job = replace(fsdp_job(tmp_path, nodes=2, procs=1, launcher="slurm"), tracking_uri=mlflow_server.uri)
     launcher = get_launcher("slurm")
     handle = launcher.submit(job)
     killed = kill_node1_after_first_checkpoint(job.run_dir)
@@ -186,7 +207,11 @@ def test_slurm_two_nodes_fsdp_sigkill_of_node1_resumes_bitwise(static_reference:
     out = _logs(job.run_dir)
     assert state.ok, (state, out)
     assert "[retry] restart 1/" in out, out
-    assert_resumed_bitwise(job.run_dir, killed, static_reference["losses"])
+    assert_resumed_bitwise(job.run_dir, killed, one_machine["losses"])
+    assert result(job.run_dir)["mlflow_run_id"]
+    slurm_out = "".join(p.read_text(errors="replace") for p in sorted((job.run_dir / "logs").glob("slurm-*.out")))
+    assert re.search(r"^0: \[node 0\] .* machine_rank=0 of 2", slurm_out, re.M), slurm_out[-3000:]
+    assert re.search(r"^1: \[node 1\] .* machine_rank=1 of 2", slurm_out, re.M), slurm_out[-3000:]
 
 
 def test_two_nodes_saving_their_handles_at_once_do_not_collide(tmp_path: Path) -> None:

@@ -5,6 +5,11 @@ Real processes: `accelerate launch` with 2 CPU ranks of the real trainer (tiny m
 Torch elastic starts each rank in a session of its own, so these fail on a launcher that
 signals and watches only its own process group (the ranks trained on to the end and a
 rerun wrote every eval key a second time).
+
+Trainings are shared (module fixtures): one uninterrupted reference run (also the check that a
+2-process training finishes); one run directory SIGKILLed, rerun, SIGTERMed and retried (the
+SIGKILL and SIGTERM tests); one run directory with three long attempts in sequence (refused
+second job, `pipeline cancel`, rerun, immediate relaunch, time limit).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.launchers import Phase, get_launcher, run_with_retries
-from tests.infra.launch_helpers import USE_TRAINER, make_trainer_job, result, wait_until
+from tests.infra.launch_helpers import USE_TRAINER, checkpoints, make_trainer_job, result, wait_until
 from trainer.runlock import RunDirBusy, live_ranks
 
 pytestmark = [pytest.mark.integration,
@@ -92,137 +97,246 @@ def _checkpoint_done(run_dir: Path, step: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def reference_losses(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
-    """train/loss of every step of the same 2-rank job, uninterrupted."""
+def reference_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """The same 2-rank job, uninterrupted, followed from its saved handle."""
     job = _job(tmp_path_factory.mktemp("reference"))
     launcher = get_launcher("local")
-    state = launcher.wait(launcher.submit(job))
-    assert state.ok, state
-    return _losses(job.run_dir)
-
-
-def test_sigkill_to_the_launcher_group_takes_every_rank_and_the_rerun_resumes_bitwise(tmp_path, reference_losses):
-    job = _job(tmp_path)
-    launcher = get_launcher("local")
     handle = launcher.submit(job)
-    pids = _rank_pids(job.run_dir)
-    # Each rank is its own session leader: out of reach of a signal to the launcher's group.
-    assert all(os.getsid(pid) == pid for pid in pids)
-    wait_until(lambda: _checkpoint_done(job.run_dir, 40), "the first checkpoint")
-    os.killpg(int(handle.job_id), signal.SIGKILL)
-    killed_at = time.monotonic()
-    wait_until(lambda: not _pids_alive(pids), "every rank to die", limit_s=GRACE_S)
-    print(f"ranks gone {time.monotonic() - killed_at:.2f}s after SIGKILL to the launcher group")
-    assert live_ranks(job.run_dir) == []
-    assert launcher.poll(handle).done
-    assert not (job.run_dir / "result.json").exists()
-
-    state = launcher.wait(launcher.submit(job))  # the rerun
-    assert state.ok, state
-    done = result(job.run_dir)
-    assert done["status"] == "finished" and done["resumed_from"]
-    assert _losses(job.run_dir) == reference_losses  # every step, bit for bit
-    _assert_each_point_once(job.run_dir)
+    # Followed from the saved handle, as `pipeline status RUN` would.
+    saved_id = get_handle(job.run_dir).job_id
+    return {"run_dir": job.run_dir, "job_id": handle.job_id, "saved_id": saved_id, "state": launcher.wait(handle)}
 
 
-def test_pipeline_cancel_returns_when_no_rank_is_alive_and_the_rerun_resumes(tmp_path):
-    job = _job(tmp_path, max_steps=3000, checkpoint_interval=3000, eval_interval=3000)
-    launcher = get_launcher("local")
-    launcher.submit(job)
-    pids = _rank_pids(job.run_dir)
-    wait_until(lambda: len(_losses(job.run_dir)) >= 5, "the first steps")
-    assert launcher.poll(get_handle(job.run_dir)).phase is Phase.RUNNING
-    # From another process, as a user would: it must not return before every rank is gone.
-    out = subprocess.run([sys.executable, "-m", "pipelines", "cancel", str(job.run_dir)], cwd=REPO,
-                         capture_output=True, text=True, timeout=GRACE_S + 60)
-    assert out.returncode == 0, out.stderr
-    assert _pids_alive(pids) == [] and live_ranks(job.run_dir) == []
-    assert "no rank alive" in out.stdout and "cancelled" in out.stdout, out.stdout
-    ckpts = sorted((job.run_dir / "checkpoints").glob("step_*/MANIFEST.json"))
-    assert ckpts, "SIGTERM must leave a checkpoint"
-    stopped_at = int(ckpts[-1].parent.name.split("_")[1])
-
-    handle = launcher.submit(job)  # the rerun resumes; stopped again after a few steps
-    wait_until(lambda: max(_losses(job.run_dir)) > stopped_at + 3, "the rerun's first steps")
-    state = launcher.cancel(handle)
-    assert state.phase is Phase.CANCELLED and "no rank alive" in state.detail, state
-    log = (job.run_dir / "logs" / "rank0.log").read_text()
-    assert f"resumed from {job.run_dir / 'checkpoints' / f'step_{stopped_at:06d}'}" in log
-    _assert_each_point_once(job.run_dir)
+@pytest.fixture(scope="module")
+def reference_losses(reference_run: dict[str, object]) -> dict[int, float]:
+    """train/loss of every step of the same 2-rank job, uninterrupted."""
+    assert reference_run["state"].ok, reference_run["state"]
+    return _losses(reference_run["run_dir"])
 
 
-def test_a_second_job_on_a_live_run_dir_is_refused_and_the_time_limit_leaves_no_rank(tmp_path):
-    job = _job(tmp_path, max_steps=3000, checkpoint_interval=3000, eval_interval=3000)
-    launcher = get_launcher("local")
-    handle = launcher.submit(job)
-    pids = _rank_pids(job.run_dir)
+def test_two_process_training_finishes(reference_run):
+    """The local launcher's 2-process training of the real trainer finishes (moved here from
+    `test_launch_local.py` to share this module's reference run)."""
+    assert reference_run["saved_id"] == reference_run["job_id"]
+    state = reference_run["state"]
+    assert state.ok and state.result_status == "finished", state
+    done = result(reference_run["run_dir"])
+    assert done["status"] == "finished" and done["world_size"] == 2
+
+
+def _stop_leftovers(run_dir: Path) -> None:
+    if (run_dir / "launch.json").exists() and live_ranks(run_dir):
+        get_launcher("local").cancel(get_handle(run_dir))
+
+
+@pytest.fixture(scope="module")
+def killed_then_terminated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """One run directory, two interruptions in sequence (what the two tests below check):
+
+    1. the job is SIGKILLed through the launcher's process group after its first checkpoint;
+    2. the rerun (under `run_with_retries`) resumes from that checkpoint, is SIGTERMed through
+       its launcher group a few steps later (preemption-like), and the retry resumes from the
+       SIGTERM checkpoint and finishes. What was seen on the way is returned."""
+    run_dir = tmp_path_factory.mktemp("killed") / "run"
+    job = _job(run_dir.parent)
+    seen: dict[str, object] = {"run_dir": run_dir}
     try:
-        # By the launcher, before anything starts...
-        with pytest.raises(RunDirBusy, match="is in use by a live job: rank 0"):
-            get_launcher("local").submit(job)
-        # ...and by the trainer itself, started by hand on the same directory (one rank).
-        env = dict(os.environ, RANK="0")
-        out = subprocess.run([sys.executable, "-m", "trainer", "--spec", str(job.spec_path), "--run-dir",
-                              str(job.run_dir), "--data-dir", str(job.data_dir), "--tracking-uri", "none"],
-                             cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
-        assert out.returncode == RunDirBusy.exit_code, out.stderr[-2000:]
-        assert f"run directory {job.run_dir} is in use: rank 0 of another job is alive (pid {pids[0]}" in out.stderr
-        assert "Traceback" not in out.stderr
-        # The time limit (here: already reached) returns only once no rank is alive, and says so.
-        wait_until(lambda: len(_losses(job.run_dir)) >= 3, "the first steps")
-        limited = replace(handle, extra={**handle.extra, "time_limit_s": time.time() - handle.submitted_at})
-        state = launcher.wait(limited)
-        assert state.phase is Phase.TIMEOUT and "no rank alive" in state.detail, state
-        assert _pids_alive(pids) == [] and live_ranks(job.run_dir) == []
+        launcher = get_launcher("local")
+        handle = launcher.submit(job)
+        pids = _rank_pids(run_dir)
+        # Each rank is its own session leader: out of reach of a signal to the launcher's group.
+        seen["own_sessions"] = all(os.getsid(pid) == pid for pid in pids)
+        wait_until(lambda: _checkpoint_done(run_dir, 40), "the first checkpoint")
+        os.killpg(int(handle.job_id), signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_until(lambda: not _pids_alive(pids), "every rank to die", limit_s=GRACE_S)
+        print(f"ranks gone {time.monotonic() - killed_at:.2f}s after SIGKILL to the launcher group")
+        seen["live_ranks_after_kill"] = live_ranks(run_dir)
+        seen["poll_done_after_kill"] = launcher.poll(handle).done
+        seen["result_after_kill"] = (run_dir / "result.json").exists()
+        seen["checkpoint_at_kill"] = max(int(p.parent.name.split("_")[1])
+                                         for p in (run_dir / "checkpoints").glob("step_*/MANIFEST.json"))
+        killed_step = max(_losses(run_dir))
+
+        lines: list[str] = []
+        box: dict[str, object] = {}
+        rerun = threading.Thread(target=lambda: box.update(out=run_with_retries(get_launcher("local"), job,
+                                                                                 on_log=lines.append)))
+        rerun.start()
+        resumed = "resumed from " + str(run_dir / "checkpoints" / f"step_{seen['checkpoint_at_kill']:06d}")
+        rank0_log = run_dir / "logs" / "rank0.log"
+        wait_until(lambda: rank0_log.exists() and resumed in rank0_log.read_text(), "the rerun to resume")
+        seen["rerun_resumed_from_the_kill_checkpoint"] = True
+        # Past the step the killed job had reached: only the rerun records those.
+        wait_until(lambda: max(_losses(run_dir)) >= killed_step + 3, "the rerun's first steps")
+        pgid = int(json.loads((run_dir / "launch.json").read_text())["job_id"])
+        os.killpg(pgid, signal.SIGTERM)  # the ranks checkpoint, the attempt is retried
+        rerun.join(timeout=300)
+        seen["outcome"], seen["lines"] = box.get("out"), lines
+        return seen
     finally:
-        if live_ranks(job.run_dir):
-            launcher.cancel(handle)
+        _stop_leftovers(run_dir)
 
 
-def test_sigterm_to_the_launcher_group_relaunch_waits_for_the_checkpoint(tmp_path, reference_losses):
-    job = _job(tmp_path)
-    lines: list[str] = []
-    box: dict[str, object] = {}
-    thread = threading.Thread(target=lambda: box.update(out=run_with_retries(get_launcher("local"), job,
-                                                                              on_log=lines.append)))
-    thread.start()
-    wait_until(lambda: (job.run_dir / "launch.json").exists() and len(live_ranks(job.run_dir)) == 2, "ranks")
-    wait_until(lambda: len(_losses(job.run_dir)) >= 10, "the first steps")
-    pgid = int(json.loads((job.run_dir / "launch.json").read_text())["job_id"])
-    os.killpg(pgid, signal.SIGTERM)  # preemption-like: the ranks checkpoint, the attempt is retried
-    thread.join(timeout=300)
-    outcome = box["out"]
-    assert outcome.state.ok and outcome.attempts == 2, (outcome, lines[-20:])
-    done = result(job.run_dir)
-    log = (job.run_dir / "logs" / "rank0.log").read_text()
+def test_sigkill_to_the_launcher_group_takes_every_rank_and_the_rerun_resumes_bitwise(killed_then_terminated,
+                                                                                       reference_losses):
+    seen = killed_then_terminated
+    run_dir = seen["run_dir"]
+    assert seen["own_sessions"]
+    assert seen["live_ranks_after_kill"] == []
+    assert seen["poll_done_after_kill"]
+    assert not seen["result_after_kill"]
+    # The rerun resumed from the checkpoint the killed job left (and, SIGTERMed, was retried).
+    assert seen["rerun_resumed_from_the_kill_checkpoint"]
+    outcome = seen["outcome"]
+    assert outcome is not None and outcome.state.ok, (outcome, seen["lines"][-20:])
+    done = result(run_dir)
+    assert done["status"] == "finished" and done["resumed_from"]
+    assert _losses(run_dir) == reference_losses  # every step, bit for bit
+    _assert_each_point_once(run_dir)
+
+
+def test_sigterm_to_the_launcher_group_relaunch_waits_for_the_checkpoint(killed_then_terminated, reference_losses):
+    seen = killed_then_terminated
+    run_dir = seen["run_dir"]
+    outcome = seen["outcome"]
+    assert outcome is not None and outcome.state.ok and outcome.attempts == 2, (outcome, seen["lines"][-20:])
+    done = result(run_dir)
+    log = (run_dir / "logs" / "rank0.log").read_text()
     saved = [line for line in log.splitlines() if "SIGTERM: checkpoint saved at step" in line]
     assert saved, "the first attempt must have saved its SIGTERM checkpoint"
     step = int(saved[0].split("at step ")[1].split(";")[0])
+    assert step > seen["checkpoint_at_kill"]
     assert done["resumed_from"].endswith(f"step_{step:06d}")  # not an older one: it waited for it
-    assert _losses(job.run_dir) == reference_losses
-    _assert_each_point_once(job.run_dir)
+    assert _losses(run_dir) == reference_losses
+    _assert_each_point_once(run_dir)
 
 
-def test_an_immediate_relaunch_waits_for_the_old_attempt_to_exit(tmp_path):
-    job = _job(tmp_path, max_steps=3000, checkpoint_interval=3000, eval_interval=3000)
-    first = get_launcher("local")
-    handle = first.submit(job)
-    pids = _rank_pids(job.run_dir)
-    wait_until(lambda: len(_losses(job.run_dir)) >= 5, "the first steps")
-    os.killpg(int(handle.job_id), signal.SIGTERM)  # the old attempt starts its SIGTERM checkpoint...
-    # ...and a relaunch is submitted at once, by another launcher (as after a crash of the pipeline).
-    second = get_launcher("local")
-    relaunch = second.submit(replace(job, wait_previous_s=GRACE_S + 30))
+@pytest.fixture(scope="module")
+def live_run_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """One run directory, three long attempts in sequence (what the three tests below check):
+
+    A. while it trains, a second job is refused (by the launcher and by the trainer itself);
+       then `pipeline cancel` (another process) stops it;
+    B. the rerun resumes from the cancel's checkpoint; SIGTERM to its launcher group and, at
+       once, a relaunch by another launcher, which must wait for B's SIGTERM checkpoint;
+    C. that relaunch resumes from it; its time limit (already reached) stops it.
+    What was seen on the way is returned."""
+    run_dir = tmp_path_factory.mktemp("live") / "run"
+    job = _job(run_dir.parent, max_steps=3000, checkpoint_interval=3000, eval_interval=3000)
+    seen: dict[str, object] = {"run_dir": run_dir}
+    rank0_log = run_dir / "logs" / "rank0.log"
     try:
-        assert _pids_alive(pids) == [], "submit returned while the old ranks were alive"
-        log = (job.run_dir / "logs" / "launcher.log").read_text()
-        assert "waiting up to" in log and "for the previous attempt to exit" in log
-        saved = sorted((job.run_dir / "checkpoints").glob("step_*/MANIFEST.json"))
-        assert saved, "the old attempt's SIGTERM checkpoint must be complete before the relaunch starts"
-        step = int(saved[-1].parent.name.split("_")[1])
-        wait_until(lambda: f"resumed from {saved[-1].parent}" in (job.run_dir / "logs" / "rank0.log").read_text(),
-                   "the relaunch to resume")
-        assert max(_losses(job.run_dir)) >= step
+        # A: refused twice, then cancelled.
+        launcher = get_launcher("local")
+        launcher.submit(job)
+        pids = _rank_pids(run_dir)
+        seen["pids_a"] = pids
+        try:  # by the launcher, before anything starts...
+            get_launcher("local").submit(job)
+            seen["launcher_refusal"] = None
+        except RunDirBusy as exc:
+            seen["launcher_refusal"] = str(exc)
+        # ...and by the trainer itself, started by hand on the same directory (one rank).
+        env = dict(os.environ, RANK="0")
+        seen["by_hand"] = subprocess.run(
+            [sys.executable, "-m", "trainer", "--spec", str(job.spec_path), "--run-dir", str(run_dir),
+             "--data-dir", str(job.data_dir), "--tracking-uri", "none"],
+            cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+        wait_until(lambda: len(_losses(run_dir)) >= 5, "the first steps")
+        seen["phase_before_cancel"] = launcher.poll(get_handle(run_dir)).phase
+        seen["checkpoints_before_cancel"] = checkpoints(run_dir)
+        launcher_log = run_dir / "logs" / "launcher.log"
+        log_offset = launcher_log.stat().st_size
+        # From another process, as a user would: it must not return before every rank is gone.
+        seen["cancel"] = subprocess.run([sys.executable, "-m", "pipelines", "cancel", str(run_dir)], cwd=REPO,
+                                        capture_output=True, text=True, timeout=GRACE_S + 60)
+        seen["alive_after_cancel"] = _pids_alive(pids) + [int(r["pid"]) for r in live_ranks(run_dir)]
+        seen["result_after_cancel"] = (run_dir / "result.json").exists()
+        seen["launcher_log_of_cancel"] = launcher_log.read_bytes()[log_offset:].decode(errors="replace")
+        ckpts = sorted((run_dir / "checkpoints").glob("step_*/MANIFEST.json"))
+        seen["cancel_checkpoint"] = int(ckpts[-1].parent.name.split("_")[1]) if ckpts else None
+        if not ckpts:
+            return seen
+
+        # B: the rerun resumes from the cancel's checkpoint...
+        stopped_at = seen["cancel_checkpoint"]
+        handle_b = launcher.submit(job)
+        pids_b = _rank_pids(run_dir)
+        wait_until(lambda: max(_losses(run_dir)) > stopped_at + 3, "the rerun's first steps")
+        seen["rerun_log"] = rank0_log.read_text()
+        # ...and is SIGTERMed: it starts its SIGTERM checkpoint, and a relaunch is submitted at
+        # once, by another launcher (as after a crash of the pipeline).
+        os.killpg(int(handle_b.job_id), signal.SIGTERM)
+        second = get_launcher("local")
+        handle_c = second.submit(replace(job, wait_previous_s=GRACE_S + 30))
+        try:
+            seen["alive_after_relaunch_submit"] = _pids_alive(pids_b)
+            seen["launcher_log"] = (run_dir / "logs" / "launcher.log").read_text()
+            saved = sorted((run_dir / "checkpoints").glob("step_*/MANIFEST.json"))
+            seen["checkpoint_before_relaunch"] = int(saved[-1].parent.name.split("_")[1])
+            resumed = f"resumed from {saved[-1].parent}"
+            wait_until(lambda: rank0_log.read_text().count(resumed) >= 1 and len(live_ranks(run_dir)) == 2,
+                       "the relaunch to resume")
+            seen["relaunch_max_step"] = max(_losses(run_dir))
+            # C: the time limit (here: already reached) returns only once no rank is alive.
+            pids_c = [int(r["pid"]) for r in live_ranks(run_dir)]
+            wait_until(lambda: max(_losses(run_dir)) >= seen["checkpoint_before_relaunch"] + 3,
+                       "the relaunch's first steps")
+            limited = replace(handle_c, extra={**handle_c.extra, "time_limit_s": time.time() - handle_c.submitted_at})
+            seen["time_limit"] = second.wait(limited)
+            seen["alive_after_time_limit"] = _pids_alive(pids_c) + [int(r["pid"]) for r in live_ranks(run_dir)]
+        finally:
+            if live_ranks(run_dir):
+                second.cancel(handle_c)
+        return seen
     finally:
-        second.cancel(relaunch)
-    _assert_each_point_once(job.run_dir)
+        _stop_leftovers(run_dir)
+
+
+def test_pipeline_cancel_returns_when_no_rank_is_alive_and_the_rerun_resumes(live_run_dir):
+    """Also what was `test_launch_local.py::test_cancel_checkpoints_first_then_stops`: the
+    cancel checkpoints first (none was due), then stops; the job has no result."""
+    seen = live_run_dir
+    run_dir = seen["run_dir"]
+    assert seen["phase_before_cancel"] is Phase.RUNNING
+    assert seen["checkpoints_before_cancel"] == []  # no periodic checkpoint is due in this run
+    out = seen["cancel"]
+    assert out.returncode == 0, out.stderr
+    assert seen["alive_after_cancel"] == []
+    # The launcher's cancel, as the CLI reports it: cancelled, once no rank was alive.
+    assert "-> cancelled (" in out.stdout and "no rank alive" in out.stdout, out.stdout
+    assert seen["cancel_checkpoint"] is not None, "SIGTERM must leave a checkpoint"
+    assert not seen["result_after_cancel"]
+    assert "SIGTERM: checkpoint saved" in seen["launcher_log_of_cancel"]
+    stopped_at = seen["cancel_checkpoint"]
+    assert f"resumed from {run_dir / 'checkpoints' / f'step_{stopped_at:06d}'}" in seen["rerun_log"]
+    _assert_each_point_once(run_dir)
+
+
+def test_a_second_job_on_a_live_run_dir_is_refused_and_the_time_limit_leaves_no_rank(live_run_dir):
+    seen = live_run_dir
+    # By the launcher, before anything starts...
+    assert seen["launcher_refusal"] is not None and "is in use by a live job: rank 0" in seen["launcher_refusal"]
+    # ...and by the trainer itself, started by hand on the same directory (one rank).
+    out = seen["by_hand"]
+    run_dir = seen["run_dir"]
+    assert out.returncode == RunDirBusy.exit_code, out.stderr[-2000:]
+    assert f"run directory {run_dir} is in use: rank 0 of another job is alive (pid {seen['pids_a'][0]}" in out.stderr
+    assert "Traceback" not in out.stderr
+    # The time limit (here: already reached) returns only once no rank is alive, and says so.
+    state = seen["time_limit"]
+    assert state.phase is Phase.TIMEOUT and "no rank alive" in state.detail, state
+    assert seen["alive_after_time_limit"] == []
+
+
+def test_an_immediate_relaunch_waits_for_the_old_attempt_to_exit(live_run_dir):
+    seen = live_run_dir
+    assert seen["alive_after_relaunch_submit"] == [], "submit returned while the old ranks were alive"
+    log = seen["launcher_log"]
+    assert "waiting up to" in log and "for the previous attempt to exit" in log
+    # The old attempt's SIGTERM checkpoint was complete before the relaunch started, and it resumed from it.
+    step = seen["checkpoint_before_relaunch"]
+    assert step > seen["cancel_checkpoint"], "the old attempt's SIGTERM checkpoint must be complete first"
+    assert seen["relaunch_max_step"] >= step
+    _assert_each_point_once(seen["run_dir"])

@@ -5,7 +5,9 @@ SIGKILL of rank 0 between checkpoints, then a rerun that resumes bitwise; a Muon
 written by 2 ranks resumes on 1 process (DCP reshards its state). The exported directory
 loads to the same logits, or says why it cannot.
 
-Each case is 3 two-rank launches of a tiny model (10 steps).
+Each case is one test of 3 two-rank launches of a tiny model (10 steps) whose runs every
+check of the case reads: one test, not one per check, so the launches run once even where
+the checks would land on different xdist workers.
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ TP = {"dp": 1, "tp": 2}
 
 # Each plug-in under one sharded layout, both with Muon (whose update gathers whole matrices:
 # the layout-specific optimizer path) under FSDP2 and under TP. What the two cases dropped in
-# issue 27 covered is covered elsewhere: AdamW under FSDP2 and TP with kill -9 and a bitwise
-# resume (tests/integration/test_trainer_parallel.py, llama: AdamW does not depend on the
-# architecture); llama_qknorm's TP plan trained on 2 ranks (the gated copy's 2-process smoke,
+# issue 27 covered is covered elsewhere: AdamW under FSDP2 with kill -9 and a bitwise resume
+# (tests/integration/test_launch_multinode_fsdp.py, static and Slurm, llama: AdamW does not
+# depend on the architecture), TP resumed on one process (tests/integration/test_trainer_parallel.py); llama_qknorm's TP plan trained on 2 ranks (the gated copy's 2-process smoke,
 # tests/integration/test_models_new_file_flow.py).
 CASES = {
     "qknorm-fsdp-muon": (QKNORM, FSDP, MUON),
@@ -60,11 +62,9 @@ def _train(case: str) -> dict[str, Any]:
     return {"model": model, "parallel": parallel, **train}
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
-def killed_and_resumed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                       data_dir: Path) -> dict[str, Any]:  # noqa: F811
-    case = request.param
-    tmp = tmp_path_factory.mktemp(case)
+def _killed_and_resumed(case: str, tmp: Path, data_dir: Path) -> dict[str, Any]:  # noqa: F811
+    """The case's three two-rank launches: an uninterrupted reference, a run SIGKILLed at step 7
+    (after the step-6 checkpoint, before step 9's) and its rerun in the same directory."""
     code, ref = run_trainer(tmp, data_dir, "reference", ranks=2, **_train(case))
     _ok(code, ref)
     code, run_dir = run_trainer(tmp, data_dir, "killed", ranks=2, env={"TRAINER_FAULT_SIGKILL_AT_STEP": "7"},
@@ -76,7 +76,29 @@ def killed_and_resumed(request: pytest.FixtureRequest, tmp_path_factory: pytest.
     return {"case": case, "tmp": tmp, "reference": ref, "resumed": run_dir, "killed_at": killed_at}
 
 
-def test_sigkill_then_rerun_resumes_bitwise(killed_and_resumed: dict[str, Any]) -> None:
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sharded_case_resumes_bitwise_counts_its_parameters_and_exports_its_weights(
+        case: str, tmp_path: Path, data_dir: Path) -> None:  # noqa: F811
+    """One test per case, so that its three launches run once whichever worker gets it; each
+    check below was its own test before and reads the same runs:
+
+    - SIGKILL then rerun resumes bitwise (the rerun's losses equal the reference's);
+    - the plan's parameter count is the trained model's;
+    - the exported model has the trained weights;
+    - qknorm-fsdp-muon: Muon state written by two ranks resumes on one process;
+    - nanogpt-tp-muon: tensor parallelism matches one process.
+    """
+    runs = _killed_and_resumed(case, tmp_path, data_dir)
+    _sigkill_then_rerun_resumes_bitwise(runs)
+    _the_plans_parameter_count_is_the_trained_models(runs)
+    _exported_model_has_the_trained_weights(runs)
+    if case == "qknorm-fsdp-muon":  # one resharding case: Muon under FSDP
+        _muon_state_written_by_two_ranks_resumes_on_one_process(runs, data_dir)
+    if CASES[case][1] is TP:
+        _tensor_parallel_matches_one_process(runs, data_dir)
+
+
+def _sigkill_then_rerun_resumes_bitwise(killed_and_resumed: dict[str, Any]) -> None:
     ref, run_dir = killed_and_resumed["reference"], killed_and_resumed["resumed"]
     assert killed_and_resumed["killed_at"] == 7
     result = json.loads((run_dir / "result.json").read_text())
@@ -91,7 +113,7 @@ def test_sigkill_then_rerun_resumes_bitwise(killed_and_resumed: dict[str, Any]) 
         assert got[step] == loss, f"{killed_and_resumed['case']} step {step}: {got[step]!r} != {loss!r}"
 
 
-def test_the_plans_parameter_count_is_the_trained_models(killed_and_resumed: dict[str, Any]) -> None:
+def _the_plans_parameter_count_is_the_trained_models(killed_and_resumed: dict[str, Any]) -> None:
     from validation.spec import model_spec
 
     model, _, _ = CASES[killed_and_resumed["case"]]
@@ -99,7 +121,7 @@ def test_the_plans_parameter_count_is_the_trained_models(killed_and_resumed: dic
     assert result["n_params"] == model_spec(model).parameter_count()
 
 
-def test_exported_model_has_the_trained_weights(killed_and_resumed: dict[str, Any]) -> None:
+def _exported_model_has_the_trained_weights(killed_and_resumed: dict[str, Any]) -> None:
     """The export is streamed from the sharded checkpoint; `models.load_exported` rebuilds the
     architecture from export.json and its logits equal a one-process resume of that checkpoint."""
     import torch
@@ -127,10 +149,8 @@ def test_exported_model_has_the_trained_weights(killed_and_resumed: dict[str, An
             assert torch.equal(value, saved[name]), name
 
 
-def test_muon_state_written_by_two_ranks_resumes_on_one_process(
+def _muon_state_written_by_two_ranks_resumes_on_one_process(
         killed_and_resumed: dict[str, Any], data_dir: Path) -> None:  # noqa: F811
-    if killed_and_resumed["case"] != "qknorm-fsdp-muon":
-        pytest.skip("one resharding case: Muon under FSDP")
     ref = killed_and_resumed["reference"]
     run_dir = killed_and_resumed["tmp"] / "two-to-one"
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -146,12 +166,10 @@ def test_muon_state_written_by_two_ranks_resumes_on_one_process(
         assert got[step] == pytest.approx(want[step], abs=2e-5), step
 
 
-def test_tensor_parallel_matches_one_process(killed_and_resumed: dict[str, Any], data_dir: Path) -> None:  # noqa: F811
+def _tensor_parallel_matches_one_process(killed_and_resumed: dict[str, Any], data_dir: Path) -> None:  # noqa: F811
     """TP=2 splits q/k/v (and the gate) by head, QK-norm's scales stay whole with their gradient
     summed over the TP group: the losses equal a one-process run within float noise."""
     case = killed_and_resumed["case"]
-    if CASES[case][1] is not TP:
-        pytest.skip("tensor-parallel cases only")
     train = _train(case)
     train.pop("parallel")
     model = train.pop("model")

@@ -1,4 +1,4 @@
-"""A 4-trial sweep on the two-node Slurm test cluster (issue 20, `tests/infra/slurm.sh`).
+"""A 3-trial sweep on the two-node Slurm test cluster (issue 20, `tests/infra/slurm.sh`).
 
 `resource.launcher: slurm`: every trial is its own 1-node Slurm job, two at a time
 (`sweep.parallel: 2`), pruned by successive halving at its evals; the winner is retrained on
@@ -6,10 +6,14 @@ the hypothesis seed. What the test reads back from Slurm itself: job ids (`launc
 the node each job got (the batch script's first line), `scontrol show job` (Restarts), and
 the in-job retry loop's verdict on a pruned job.
 
-Grid order: the two good learning rates train first, so the two near-zero ones meet both of
-their rung values at step 4 and are pruned there (every trial trains on the same selection
-seed, same data order, so at step 4 the losses differ by the learning rate only).
-Measured: 154 s and 209 s (the test alone; 1-min load average 4 and 5 on 2 shared cores).
+Three trials, not the four of `SLURM_SWEEP` (bench/bench_sweep_slurm.py) or of the local sweep
+(tests/e2e/test_orchestrate_sweep.py, which proves the pruning logic): two to train at once on
+the two nodes, a third to be pruned, one Slurm job (doctor, accelerate, trainer) fewer.
+Grid order: the two good learning rates train first, so the near-zero one meets both of its
+rung values at step 4 and is pruned there (every trial trains on the same selection seed,
+same data order, so at step 4 the losses differ by the learning rate only).
+Measured with four trials: 154 s and 209 s (the test alone; 1-min load average 4 and 5 on 2
+shared cores).
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ from pipelines.launchers.slurm import render_sbatch
 from pipelines.sweep import SELECTION_SEED_OFFSET
 from tests.infra.sweep_flow import SLURM_SWEEP, Timed, run_flow, slurm_job, sweep_repo
 from trainer.checkpoint import format as ckpt
+
+# SLURM_SWEEP without its second near-zero learning rate: three trials.
+SWEEP = (SLURM_SWEEP.replace("[0.006, 0.003, 0.000001, 0.000002]", "[0.006, 0.003, 0.000001]")
+         .replace("The best of four learning rates", "The best of three learning rates"))
+assert SWEEP.count("0.000002") == 0 and "three learning rates" in SWEEP
 
 
 def test_a_one_process_job_takes_its_node_and_its_accelerate_outlives_the_sigterm(tmp_path: Path) -> None:
@@ -49,20 +58,20 @@ def test_a_one_process_job_takes_its_node_and_its_accelerate_outlives_the_sigter
 
 def test_a_sweep_on_two_slurm_nodes_runs_trials_concurrently_prunes_and_confirms_on_fresh_seeds(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slurm_cluster: object) -> None:
-    spec_file = sweep_repo(tmp_path, "tiny-slurm-sweep", SLURM_SWEEP)
+    spec_file = sweep_repo(tmp_path, "tiny-slurm-sweep", SWEEP)
     monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
     rec = Timed()
     started = time.time()
     candidate = run_flow(tmp_path, spec_file, rec)
-    print(f"4-trial sweep on 2 Slurm nodes, 2 at a time, with the winner's confirmation: {time.time() - started:.0f} s")
+    print(f"3-trial sweep on 2 Slurm nodes, 2 at a time, with the winner's confirmation: {time.time() - started:.0f} s")
 
     trials = {k: v for k, v in rec.spans.items() if "-t" in k}
-    assert len(trials) == 4, rec.spans
+    assert len(trials) == 3, rec.spans
     jobs = {k: slurm_job(rec.dirs[k]) for k in trials}
     print({k: (j["job_id"], j["node"], j["state"], j["restarts"]) for k, j in jobs.items()})
     # Every trial was its own Slurm job, started once.
     assert all(j["launcher"] == "slurm" and j["job_id"].isdigit() for j in jobs.values()), jobs
-    assert len({j["job_id"] for j in jobs.values()}) == 4
+    assert len({j["job_id"] for j in jobs.values()}) == 3
     assert all(len(j["starts"]) == 1 and j["restarts"] == 0 for j in jobs.values()), jobs
     # At least two trained at the same time, on the two different nodes (each trial takes a free node).
     overlapping = [(a, b) for a in trials for b in trials if a < b
@@ -93,6 +102,6 @@ def test_a_sweep_on_two_slurm_nodes_runs_trials_concurrently_prunes_and_confirms
     assert confirm and slurm_job(rec.dirs[confirm[0]])["launcher"] == "slurm"
     assert candidate.report_dir is not None
     report = (candidate.report_dir / "report.md").read_text()
-    assert "4 trials, " in report and "pruned at step" in report and "of the full grid" in report
+    assert "3 trials, " in report and "pruned at step" in report and "of the full grid" in report
     assert "hypothesis seed(s) [1234] only" in report and "selection seed(s) [11234]" in report
     assert all(name.split(" seed")[0] in report for name in trials)

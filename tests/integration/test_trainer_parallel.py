@@ -1,9 +1,18 @@
 """Sharded layouts as they really run: `accelerate launch` with two gloo ranks on CPU, FSDP2
 and tensor parallelism, sharded checkpoints (torch.distributed.checkpoint) resumed on the
-same, a smaller and a larger number of ranks, a truncated shard, the streamed export.
+same, a smaller and a larger number of ranks, a truncated shard, the streamed export, and
+downstream scoring after a sharded run: rank 0 scores the export once while rank 1 waits, and
+the per-example records reach the run's MLflow run as artifacts (the session's MLflow server
+keeps them under its artifacts folder: read as files).
 
 Same tiny model and data as tests/infra/trainer_runs.py; 20 steps, no evaluation until the
-end. Reference runs are module fixtures shared by the tests. Losses come from metrics.jsonl.
+end. Reference runs are module fixtures shared by the tests; the FSDP and TP runs also carry
+`eval.tasks` (scored after training, so their losses are those of plain runs). Losses come
+from metrics.jsonl. Elsewhere: FSDP2 with gradient clipping against DDP in
+tests/integration/test_trainer_runs.py (it shares that module's 2-rank DDP run); SIGKILL of an
+FSDP2 run between checkpoints resumed bitwise in tests/integration/test_models_training.py
+(2 local ranks, rank 0 killed) and tests/integration/test_launch_multinode_fsdp.py (AdamW, the
+static and Slurm launchers' relaunch).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.infra.lm_eval_tasks import choice_task
 from tests.infra.trainer_runs import data_dir, run_trainer, step_losses, train_here  # noqa: F401 - fixture
 
 STEPS = 20
@@ -37,6 +47,13 @@ def _result(run_dir: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
+def tasks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`eval.tasks` for the FSDP and TP runs: one tiny local multiple-choice task, 6 examples."""
+    task = choice_task(tmp_path_factory.mktemp("tasks"))
+    return {"name": "trainer-parallel", "eval": {"tasks": [{"path": str(task), "limit": 6}]}}
+
+
+@pytest.fixture(scope="module")
 def ddp(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> dict[str, Any]:  # noqa: F811
     code, run_dir = run_trainer(tmp_path_factory.mktemp("ddp"), data_dir, "ddp", ranks=2, model=MODEL, **COMMON)
     _ok(code, run_dir)
@@ -44,9 +61,9 @@ def ddp(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> dict[str, A
 
 
 @pytest.fixture(scope="module")
-def fsdp(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> dict[str, Any]:  # noqa: F811
+def fsdp(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, tasks: dict[str, Any]) -> dict[str, Any]:  # noqa: F811
     code, run_dir = run_trainer(tmp_path_factory.mktemp("fsdp"), data_dir, "fsdp", ranks=2, parallel=FSDP, model=MODEL,
-                                 **COMMON)
+                                sections=tasks, **COMMON)
     _ok(code, run_dir)
     return {"run_dir": run_dir, "losses": step_losses(run_dir)}
 
@@ -88,33 +105,6 @@ def test_fsdp2_export_streamed_from_shards_equals_ddp_export(ddp: dict[str, Any]
         assert (a[key] == b[key]).all(), key
     model = AutoModelForCausalLM.from_pretrained(fsdp["run_dir"] / "model")  # a loadable HF model
     assert sum(p.numel() for p in model.parameters()) == _result(fsdp["run_dir"])["n_params"]
-
-
-def test_fsdp2_with_clipping_matches_ddp_within_1e6(tmp_path: Path, data_dir: Path) -> None:  # noqa: F811
-    clip = COMMON | {"grad_clip": 1.0, "max_steps": 6, "checkpoint_interval": 100}
-    code, ddp_dir = run_trainer(tmp_path, data_dir, "ddp-clip", ranks=2, model=MODEL, **clip)
-    _ok(code, ddp_dir)
-    code, fsdp_dir = run_trainer(tmp_path, data_dir, "fsdp-clip", ranks=2, parallel=FSDP, model=MODEL, **clip)
-    _ok(code, fsdp_dir)
-    want, got = step_losses(ddp_dir), step_losses(fsdp_dir)
-    assert sorted(got) == sorted(want)
-    for step in want:
-        assert got[step] == pytest.approx(want[step], abs=1e-6), step
-
-
-def test_fsdp2_sigkill_between_checkpoints_resumes_bitwise(
-        tmp_path: Path, data_dir: Path, fsdp: dict[str, Any]) -> None:  # noqa: F811
-    code, run_dir = run_trainer(tmp_path, data_dir, "killed", ranks=2, parallel=FSDP, model=MODEL,
-                                env={"TRAINER_FAULT_SIGKILL_AT_STEP": "12"}, **COMMON)
-    assert code != 0 and not (run_dir / "result.json").exists()
-    assert max(step_losses(run_dir)) == 12
-    code, _ = run_trainer(tmp_path, data_dir, "killed", ranks=2, parallel=FSDP, model=MODEL, **COMMON)
-    _ok(code, run_dir)
-    assert _result(run_dir)["resumed_from"].endswith("step_000010")
-    got = step_losses(run_dir)
-    assert sorted(got) == list(range(1, STEPS + 1))
-    for step, loss in fsdp["losses"].items():
-        assert got[step] == loss, f"step {step}: {got[step]!r} != {loss!r}"
 
 
 def _resume_copy(src: Path, dst: Path, step: int) -> None:
@@ -173,9 +163,13 @@ def test_truncated_shard_is_skipped_with_an_alert_naming_it(
 
 
 @pytest.fixture(scope="module")
-def tp(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> dict[str, Any]:  # noqa: F811
+def tp(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, tasks: dict[str, Any],  # noqa: F811
+       mlflow_server: Any) -> dict[str, Any]:
+    """TP 2 (dp 1): both ranks read the same rows, micro 4 (the global batch of 2 ranks x micro 2).
+    Logged to the session's MLflow server, so its downstream records are uploaded."""
     code, run_dir = run_trainer(tmp_path_factory.mktemp("tp"), data_dir, "tp", ranks=2, parallel={"dp": 1, "tp": 2},
-                                model=MODEL, **(COMMON | {"micro_batch_size": 4}))
+                                model=MODEL, uri=mlflow_server.uri, sections=tasks,
+                                **(COMMON | {"micro_batch_size": 4}))
     _ok(code, run_dir)
     return {"run_dir": run_dir, "losses": step_losses(run_dir)}
 
@@ -282,3 +276,29 @@ def test_async_sharded_checkpoints_validate_and_do_not_change_training(
     saved = list_checkpoints(run_dir / "checkpoints")
     assert [s for s, _ in saved] == [20, 15, 10, 5] and all(verify_checkpoint(p) is None for _, p in saved)
     assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_tasks_are_scored_once_on_rank_0_under_fsdp_and_tp(
+        fsdp: dict[str, Any], tp: dict[str, Any], mlflow_server: Any) -> None:
+    """Downstream scoring after a sharded run (FSDP and TP, each its own training): rank 0 scores
+    the export once while rank 1 waits; the TP run's per-example records reach its MLflow run as
+    artifacts (the upload does not depend on the layout), the FSDP run (no MLflow) says why not."""
+    pytest.importorskip("lm_eval")
+    for name, run in (("fsdp", fsdp), ("tp", tp)):
+        run_dir = run["run_dir"]
+        result = _result(run_dir)
+        assert result["layout"]["sharded"], name
+        metrics = {k: v for k, v in result["final_metrics"].items() if k.startswith("eval/task/")}
+        assert metrics["eval/task/tiny_choice/n"] == 6 and 0 <= metrics["eval/task/tiny_choice/acc"] <= 1
+        logs = {rank: (run_dir / "logs" / f"rank{rank}.log").read_text() for rank in (0, 1)}
+        assert "downstream tasks scored" in logs[0] and "downstream tasks scored" not in logs[1]
+        local = (run_dir / "downstream" / "samples_tiny_choice.jsonl").read_bytes()
+        assert len(local.splitlines()) == 6
+        if name == "fsdp":
+            assert result["downstream"]["mlflow_artifacts"] == "not uploaded: no MLflow run"
+            continue
+        assert result["downstream"]["mlflow_artifacts"] == "downstream"
+        uploaded = {p.name: p for p in Path(mlflow_server.artifacts).rglob("*")
+                    if result["mlflow_run_id"] in p.parts and p.parent.name == "downstream"}
+        assert set(uploaded) == {"results.json", "samples_tiny_choice.jsonl"}
+        assert uploaded["samples_tiny_choice.jsonl"].read_bytes() == local
