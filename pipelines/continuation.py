@@ -71,7 +71,8 @@ class Continuation:
 def layout_of(resolved: ResolvedExperiment) -> dict[str, Any]:
     """Processes and parallel axes of a resolved run (what `identity.json` records)."""
     lay = resolved.layout
-    return {"processes": lay.world_size, "dp": lay.dp, "tp": lay.tp, "fsdp": lay.fsdp}
+    return {"processes": lay.world_size, "dp": lay.dp, "tp": lay.tp, "fsdp": lay.fsdp} | (
+        {"pp": lay.pp} if lay.pp > 1 else {})
 
 
 def describe(layout: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ from validation.plan.memory import SELECTIVE_EVERY, checkpointed_blocks
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SELECTIVE_EVERY", "apply_activation_checkpointing"]
+__all__ = ["SELECTIVE_EVERY", "apply_activation_checkpointing", "checkpoint_forward"]
 
 
 def apply_activation_checkpointing(arch: Any, model: torch.nn.Module, mode: str) -> list[int]:
@@ -33,11 +33,11 @@ def apply_activation_checkpointing(arch: Any, model: torch.nn.Module, mode: str)
         arch.enable_activation_checkpointing(model)
     else:
         for index in chosen:
-            _checkpoint_forward(blocks[index])
+            checkpoint_forward(blocks[index])
     return chosen
 
 
-def _checkpoint_forward(block: torch.nn.Module) -> None:
+def checkpoint_forward(block: torch.nn.Module) -> None:
     """Make `block.forward` recompute in the backward pass (training with grad only)."""
     import torch
     from torch.utils.checkpoint import checkpoint

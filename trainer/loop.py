@@ -47,7 +47,14 @@ from trainer.monitor import (
     StallWatchdog,
 )
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.parallel import Topology, assert_sharded, build_model, make_accelerator, make_mesh
+from trainer.parallel import (
+    Topology,
+    assert_sharded,
+    build_model,
+    local_and_total_params,
+    make_accelerator,
+    make_mesh,
+)
 from trainer.state import StepResult, TrainState
 from trainer.step import StepRunner, to_device
 from trainer.step_metrics import DeviceScalars
@@ -217,7 +224,7 @@ class Trainer:
             autocast_without_output_upcast(acc, self.raw_model)
         # The silent DDP fallback must be impossible: a sharded layout holds ~1/degree per rank.
         self.local_params, _ = assert_sharded(self.model, topo) if self.pipeline is None else (
-            parameter_count(self.raw_model), self.n_params)
+            local_and_total_params(self.raw_model))  # this rank's stages (FSDP: their shards)
         self._seed_rank()
 
         # ---- state, sinks, monitoring, the seams
@@ -235,7 +242,7 @@ class Trainer:
         self.ckpt_failures = CheckpointFailures(self.run_dir, self._on_event)  # disk full / repeated: stop
         self.detector = AnomalyDetector(spec.alerts, vocab_size=spec.model.vocab_size)
         self.ckpt_root = self.run_dir / "checkpoints"
-        self.layout = layout_record(self.world, self.dp, topo.tp, topo.shard, topo.replicate)
+        self.layout = layout_record(self.world, self.dp, topo.tp, topo.shard, topo.replicate, topo.pp)
         self.ckpt = CheckpointManager(spec, self.ckpt_root, acc, self.raw_model, self.optimizer, self.scheduler,
                                       self.comm, self.rank, self._on_event, sharded=topo.sharded, dp=self.dp,
                                       layout=self.layout)

@@ -52,7 +52,9 @@ class Topology:
     replicate: int = 1
     """HSDP: FSDP shards inside each of `replicate` groups (one per node) and replicates across them."""
     pp: int = 1
-    """Pipeline stages (trainer/pipeline_parallel.py): rank = dp index x pp + stage rank."""
+    """Pipeline stages (trainer/pipeline_parallel.py), the outermost axis: rank = stage rank x
+    (dp x tp) + dp index x tp + tp rank. Ranks are numbered node by node, so TP stays inside a
+    node and the stages of a replica go to different nodes once a node holds one stage."""
 
     @property
     def shard(self) -> int:
@@ -65,7 +67,11 @@ class Topology:
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // (self.tp * self.pp)
+        return (self.rank % (self.dp * self.tp)) // self.tp
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank // (self.dp * self.tp)
 
     @property
     def tp_rank(self) -> int:
@@ -74,10 +80,11 @@ class Topology:
     @staticmethod
     def from_layout(layout: ParallelLayout, world: int, rank: int, nodes: int = 1) -> Topology:
         if layout.pp > 1:
-            if layout.tp > 1 or layout.fsdp or world % layout.pp:
-                raise TrainingError(f"parallel.pp={layout.pp} runs with plain data parallelism over the "
-                                    f"{world} processes only (validation/capability.py)")
-            return Topology(world=world, rank=rank, dp=world // layout.pp, tp=1, fsdp=False, pp=layout.pp)
+            if layout.tp > 1 or world % layout.pp:
+                raise TrainingError(f"parallel.pp={layout.pp} runs with data parallelism (DDP or FSDP) over the "
+                                    f"{world} processes only, not with tp (validation/capability.py)")
+            dp = world // layout.pp
+            return Topology(world=world, rank=rank, dp=dp, tp=1, fsdp=layout.fsdp and dp > 1, pp=layout.pp)
         tp = layout.tp
         if world % tp:
             raise TrainingError(f"parallel.tp={tp} does not divide the {world} processes")

@@ -18,10 +18,14 @@ Schedules (`parallel.pp_schedule`): GPipe, 1F1B (one stage per rank) and Interle
 virtual stages per rank, stage k on rank k % pp). Micro-batches are the spec's accumulation
 steps; the loss is the same token-weighted sum as trainer/step.py. A tied embedding / LM head
 (first and last stage) keeps one copy on each; their gradients are summed across the two
-ranks, so both stay equal. Over dp, gradients are summed explicitly (DDP's arithmetic).
+ranks, so both stay equal. Over dp, gradients are summed explicitly (DDP's arithmetic), or,
+with `parallel.fsdp`, each stage is FSDP-sharded over its replicas and reduce-scattered after
+its last micro-batch (torch.distributed.pipelining drives FSDP's gradient sync).
 
-Rank placement: rank = dp_index * pp + stage rank, so the pp ranks of one replica are adjacent
-(TP, not supported with pp yet, would sit innermost: inside a node).
+Rank placement (trainer/parallel.py `Topology`): the stage is the outermost axis, rank = stage
+rank * dp + dp index. Launchers number ranks node by node, so with one stage's replicas per node
+the stages go across nodes and the data-parallel reduction of each stage stays inside one (TP,
+not supported with pp yet, would sit innermost).
 """
 
 from __future__ import annotations
@@ -139,14 +143,23 @@ def _prune(arch: Any, model: Any, layout: StageLayout, keep: set[int]) -> None:
             module.register_buffer(pname, torch.zeros((), dtype=param.dtype).expand(param.shape), persistent=False)
 
 
-def build_stage(arch: Any, layout: StageLayout, stage: int, holder: Any) -> Any:
-    """A model shell running stage `stage`, sharing the holder's parameters."""
+def build_stage(arch: Any, layout: StageLayout, stage: int, holder: Any, checkpointing: str = "none") -> Any:
+    """A model shell running stage `stage`, sharing the holder's parameters; its blocks among
+    those `train.activation_checkpointing` names (of the whole model) recompute in backward."""
     from accelerate import init_empty_weights
+
+    from trainer.activation_checkpointing import checkpoint_forward
+    from validation.plan.memory import checkpointed_blocks
 
     with init_empty_weights(include_buffers=False):
         shell: Any = arch.build()
     container, _ = _block_container(arch, shell)
     owned = layout.split[stage]
+    # The block's forward is wrapped (inside its hooks): the stage's input swap and stop run
+    # outside the recomputed region. `full` the same way, not through the architecture's own
+    # switch, whose recomputation would replay the hooks too.
+    for index in set(owned) & set(checkpointed_blocks(len(container), checkpointing)):
+        checkpoint_forward(container[index])
     first_block, last_block = container[owned[0]], container[owned[-1]]
     _prune(arch, shell, layout, {stage})
     holder_params = dict(holder.named_parameters(remove_duplicate=False))
@@ -204,7 +217,7 @@ def _stage_module(shell: Any, is_first: bool, is_last: bool) -> Any:
     return Stage()
 
 
-def _tied(arch: Any, model: Any) -> Any:
+def tied_model(arch: Any, model: Any) -> Any:
     """`model` with its embedding / LM head tied as the trained model has them (trainer/parallel.py)."""
     model.to_empty(device="meta")  # as `materialize` does: to_empty, then tie
     tie = getattr(model, "tie_weights", None)
@@ -225,7 +238,7 @@ def build_holder(spec: ExperimentSpec, layout: StageLayout, device: torch.device
     with init_empty_weights(include_buffers=False):
         full: Any = arch.build()
         holder: Any = arch.build()
-    full = _tied(arch, full)  # outside init_empty_weights, which would re-register a fresh parameter
+    full = tied_model(arch, full)  # outside init_empty_weights, which would re-register a fresh parameter
     _prune(arch, holder, layout, set(layout.my_stages()))
     # Untie: each module gets its own parameter object (a tied head on the last stage).
     seen: set[int] = set()
@@ -257,7 +270,7 @@ def tied_names(spec: ExperimentSpec, holder: Any) -> list[str]:
 
     with init_empty_weights(include_buffers=False):
         full: Any = spec.model.build()
-    full = _tied(spec.model, full)
+    full = tied_model(spec.model, full)
     groups: dict[int, list[str]] = {}
     for name, param in full.named_parameters(remove_duplicate=False):
         groups.setdefault(id(param), []).append(name)
@@ -277,7 +290,7 @@ class PipelineEngine:
             raise TrainingError(f"parallel.pp={self.pp} does not divide the {world} processes")
         self.dp = world // self.pp
         self.rank, self.world, self.device = rank, world, device
-        self.dp_rank, self.pp_rank = rank // self.pp, rank % self.pp
+        self.dp_rank, self.pp_rank = rank % self.dp, rank // self.dp
         virtual = 2 if self.schedule_name == "interleaved_1f1b" else 1
         split = stage_split(spec.model.num_layers, self.pp * virtual, layout.pp_split)
         self.layout = StageLayout(self.pp, virtual, split, self.pp_rank)
@@ -286,24 +299,58 @@ class PipelineEngine:
         self.pp_group: Any = None
         self.dp_group: Any = None
         for d in range(self.dp):
-            g = dist.new_group([d * self.pp + p for p in range(self.pp)])
+            g = dist.new_group([self.global_rank(p, d) for p in range(self.pp)])
             if d == self.dp_rank:
                 self.pp_group = g
         for p in range(self.pp):
-            g = dist.new_group([d * self.pp + p for d in range(self.dp)])
+            g = dist.new_group([self.global_rank(p, d) for d in range(self.dp)])
             if p == self.pp_rank:
                 self.dp_group = g
         self.ends_group: Any = None
         for d in range(self.dp):
-            g = dist.new_group([d * self.pp, d * self.pp + self.pp - 1])
+            g = dist.new_group([self.global_rank(0, d), self.global_rank(self.pp - 1, d)])
             if d == self.dp_rank:
                 self.ends_group = g
         self.holder = build_holder(spec, self.layout, device, seed)
         self.tied = tied_names(spec, self.holder)
-        self.stages = [build_stage(spec.model, self.layout, s, self.holder) for s in self.layout.my_stages()]
+        self.stages = [build_stage(spec.model, self.layout, s, self.holder, spec.train.activation_checkpointing)
+                       for s in self.layout.my_stages()]
+        self.fsdp = layout.fsdp and self.dp > 1
+        if self.fsdp:
+            self._shard(spec)
         self.schedule: Any = None
         self.schedule_micro = 0
         self.global_tokens = 1.0
+
+    def _shard(self, spec: ExperimentSpec) -> None:
+        """FSDP over each stage's replicas (torchtitan's PP x FSDP): every block of a stage a unit,
+        the stage (embeddings, norm, head) the root; the stage's mesh is the `dp` row of a
+        (pp, dp) mesh. FSDP averages the gradients over the replicas, so each replica's loss is
+        scaled by dp (`step`): the same sum as DDP's (a divide factor of 1 would need gloo's
+        missing PREMUL_SUM). The holder then names the sharded parameters."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        from trainer.parallel import mixed_precision_policy
+
+        mesh = init_device_mesh(self.device.type, (self.pp, self.dp), mesh_dim_names=("pp", "dp"))["dp"]
+        kw: dict[str, Any] = {"mesh": mesh, "mp_policy": mixed_precision_policy(
+            spec.train.precision, spec.parallel_layout().reduce_dtype)}
+        for stage in self.stages:
+            container, _ = _block_container(spec.model, stage.shell)
+            for block in container.children():
+                fully_shard(block, **kw)
+            fully_shard(stage, **kw)
+        modules = dict(self.holder.named_modules())
+        for stage in self.stages:
+            for name, module in stage.shell.named_modules():
+                for pname, param in module._parameters.items():
+                    if param is not None:
+                        modules[name]._parameters[pname] = param
+
+    def global_rank(self, pp_rank: int, dp_rank: int | None = None) -> int:
+        """The process of stage rank `pp_rank` in replica `dp_rank` (this rank's by default)."""
+        return pp_rank * self.dp + (self.dp_rank if dp_rank is None else dp_rank)
 
     def _make_schedule(self, micro: int, accum: int) -> Any:
         import torch
@@ -326,7 +373,7 @@ class PipelineEngine:
                                         input_args=(inp,), output_args=(out,), group=self.pp_group))
 
         def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return output.sum() / self.global_tokens  # the dp all-reduce sums (no DDP average to undo)
+            return output.sum() / self.global_tokens  # summed over dp (FSDP: its average undone, see step)
 
         kw: dict[str, Any] = {"n_microbatches": accum, "loss_fn": loss_fn, "scale_grads": False}
         if self.schedule_name == "interleaved_1f1b":
@@ -346,7 +393,7 @@ class PipelineEngine:
             self.schedule, self.schedule_micro = self._make_schedule(micro, accum), micro
         counts = [int((b["labels"][:, 1:] != -100).sum()) for b in batches]
         (total,) = comm.all_reduce([float(sum(counts))])
-        self.global_tokens = max(total / self.pp, 1.0)
+        self.global_tokens = max(total / self.pp, 1.0) / (self.dp if self.fsdp else 1)  # FSDP averages over dp
         rows: dict[str, int] = {}
         for b in batches:
             for src in b["sources"]:
@@ -358,14 +405,15 @@ class PipelineEngine:
         args = (cat["input_ids"],) if self.pp_rank == 0 else ()
         with autocast():
             self.schedule.step(*args, target=cat["labels"], losses=losses, return_outputs=False, **kwargs)
-        local_loss = float(sum(float(x.detach()) for x in losses)) if losses else 0.0
+        local_loss = float(sum(float(x.detach()) for x in losses)) / (self.dp if self.fsdp else 1) if losses else 0.0
         self._sync_grads()
         params = [p for p in self.holder.parameters() if p.grad is not None]
         tied = {id(p) for n, p in self.holder.named_parameters() if n in self.tied}
         counted = [p for p in params if not (id(p) in tied and self.pp_rank != 0)]
-        sq = float(sum(float(p.grad.detach().float().pow(2).sum()) for p in counted))
+        sq = float(sum(float(_local(p.grad).detach().float().pow(2).sum()) for p in counted))
         loss_value, sq_total, any_term = comm.all_reduce([local_loss, sq, float(sigterm)])
-        grad_norm = math.sqrt(sq_total / self.dp)  # gradients are replicated over dp
+        # Replicated over dp (each replica counted it), or FSDP shards (each counted once).
+        grad_norm = math.sqrt(sq_total / (1 if self.fsdp else self.dp))
         coef = min(1.0, max_norm / (grad_norm + 1e-6))
         if coef < 1.0:
             for p in params:
@@ -381,13 +429,13 @@ class PipelineEngine:
         import torch.distributed as dist
 
         named = dict(self.holder.named_parameters())
-        if self.tied and self.pp > 1:
+        if self.tied and self.pp > 1:  # under FSDP both ends hold the same shard of the tied tensor
             for name in sorted(self.tied):
                 p = named[name]
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                dist.all_reduce(grad, group=self.ends_group)
+                dist.all_reduce(_local(grad), group=self.ends_group)
                 p.grad = grad
-        if self.dp > 1:
+        if self.dp > 1 and not self.fsdp:  # FSDP reduce-scattered them in the schedule's last backward
             for p in self.holder.parameters():
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
                 dist.all_reduce(grad, group=self.dp_group)
@@ -399,7 +447,6 @@ class PipelineEngine:
         import torch.distributed as dist
 
         hidden = self.spec.model.hidden_size
-        base = self.dp_rank * self.pp
         result = torch.zeros(1, device=self.device)
         x: torch.Tensor = ids
         n = (labels[:, 1:] != -100).sum().clamp(min=1)
@@ -409,14 +456,22 @@ class PipelineEngine:
             module = self.stages[stage // self.pp]
             if stage > 0:
                 x = torch.empty(ids.shape[0], ids.shape[1], hidden, device=self.device)
-                dist.recv(x, src=base + self.layout.stage_of_rank(stage - 1))
+                dist.recv(x, src=self.global_rank(self.layout.stage_of_rank(stage - 1)))
             out = module(x, ids, position_ids, labels)
             if stage == self.layout.num_stages - 1:
                 result = (out.float() / n).reshape(1)
             else:
-                dist.send(out.float().contiguous(), dst=base + self.layout.stage_of_rank(stage + 1))
-        dist.broadcast(result, src=base + self.layout.stage_of_rank(self.layout.num_stages - 1), group=self.pp_group)
+                dist.send(out.float().contiguous(), dst=self.global_rank(self.layout.stage_of_rank(stage + 1)))
+        dist.broadcast(result, src=self.global_rank(self.layout.stage_of_rank(self.layout.num_stages - 1)),
+                       group=self.pp_group)
         return result[0]
+
+
+def _local(tensor: Any) -> Any:
+    """This rank's part of a DTensor (an FSDP shard), or the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 class EvalModel:

@@ -1,7 +1,8 @@
 """Pipeline stages against the one-process model, in one 2-rank launch (no trainer start-up).
 
 Run under `torch.distributed.run --nproc_per_node 2`; argv[1] is a JSON list of cases
-`{"model": {...}, "schedule": ..., "accum": n}`. For each case both ranks build the
+`{"model": {...}, "schedule": ..., "accum": n, "checkpointing": "none" | "selective" | "full"}`
+(the pipeline's activation checkpointing; the reference runs without). For each case both ranks build the
 pipeline engine, rank 0 also the one-process model (same seed); two optimizer steps over
 the same packed micro-batches (positions restart mid-row, some labels -100), then one
 evaluation batch. Rank 0 prints one JSON line: per case, the pairs (pipeline, reference)
@@ -50,6 +51,13 @@ def _reference_step(model: Any, optimizer: Any, batches: list[dict[str, Any]], m
     return loss_value, norm
 
 
+def _block_path(spec: Any, shell: Any) -> str:
+    from trainer.pipeline_parallel import _block_container
+
+    container, _ = _block_container(spec.model, shell)
+    return next(name for name, module in shell.named_modules() if module is container)
+
+
 def run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
     import torch
 
@@ -58,9 +66,11 @@ def run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
     from trainer.optim import build_optimizer, build_scheduler
     from trainer.parallel import Topology, build_model
     from trainer.pipeline_parallel import PipelineEngine
+    from validation.plan.memory import checkpointed_blocks
     from validation.spec import ExperimentSpec
 
-    d = spec_dict(grad_accum_steps=case["accum"], micro_batch_size=2, warmup_steps=0, grad_clip=0.5)
+    d = spec_dict(grad_accum_steps=case["accum"], micro_batch_size=2, warmup_steps=0, grad_clip=0.5,
+                  activation_checkpointing=case.get("checkpointing", "none"))
     d["model"] = case["model"]
     d["resource"] = {"cpu_processes": 2}
     d["parallel"] = {"dp": 1, "pp": 2, "pp_schedule": case["schedule"]}
@@ -68,6 +78,11 @@ def run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
     seq, vocab, seed = spec.data.seq_len, spec.model.vocab_size, spec.train.seed
     device = torch.device("cpu")
     engine = PipelineEngine(spec, 2, rank, device, seed)
+    # The blocks this rank recomputes are those the spec's checkpointing names among its own.
+    mine = {i for s in engine.layout.my_stages() for i in engine.layout.split[s]}
+    wrapped = {int(i) for stage in engine.stages for i, block in stage.shell.get_submodule(
+        _block_path(spec, stage.shell))._modules.items() if "forward" in block.__dict__}
+    assert wrapped == mine & set(checkpointed_blocks(spec.model.num_layers, case.get("checkpointing", "none"))), wrapped
     optimizer = build_optimizer(engine.holder, spec.train, spec.model)
     scheduler = build_scheduler(optimizer, spec.train, 10)
     comm = Collectives(2, device)

@@ -1,11 +1,13 @@
 """Pipeline parallelism (trainer/pipeline_parallel.py) on two gloo ranks against one process.
 
 One launch checks the stages of three architectures (llama tied, llama_qknorm, nanogpt), one
-schedule each (GPipe, 1F1B, Interleaved 1F1B), against the one-process model: loss, gradient
+schedule and activation checkpointing each (GPipe/none, 1F1B/selective, Interleaved 1F1B/full), against the one-process model: loss, gradient
 norm (clipped) over two optimizer steps and an eval loss (tests/infra/pipeline_check.py). One
 trainer run with pp 2 (1F1B), killed (SIGKILL of the first stage) and resumed from its DCP
 checkpoint, then matches the one-process trainer's logged losses, gradient norms and eval loss,
-redoes the lost step bitwise, and exports a model (streamed from the checkpoint).
+redoes the lost step bitwise, and exports a model (streamed from the checkpoint). The same two
+runs' step-2 checkpoints are then continued on the other layout (`--continue-from`'s seeding:
+pp 2 -> one process, one process -> pp 2), and step 3 matches within float tolerance.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.infra.model_variants import tiny
 from tests.infra.pipeline_check import relative
@@ -29,9 +33,9 @@ RUN: dict[str, Any] = {"max_steps": 3, "micro_batch_size": 2, "grad_accum_steps"
 def test_stages_of_three_architectures_match_one_process() -> None:
     cases = [{"model": json.loads(tiny(model_type, num_layers=4, vocab_size=384,
                                        max_position_embeddings=64).model_dump_json()),
-              "schedule": schedule, "accum": 2}
-             for model_type, schedule in (("llama", "gpipe"), ("llama_qknorm", "1f1b"),
-                                          ("nanogpt", "interleaved_1f1b"))]
+              "schedule": schedule, "accum": 2, "checkpointing": checkpointing}
+             for model_type, schedule, checkpointing in (("llama", "gpipe", "none"), ("llama_qknorm", "1f1b", "selective"),
+                                                         ("nanogpt", "interleaved_1f1b", "full"))]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
            str(free_port()), str(REPO / "tests" / "infra" / "pipeline_check.py"), json.dumps(cases)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
@@ -55,16 +59,34 @@ def _series(run_dir: Path) -> dict[tuple[int, str], list[float]]:
     return out
 
 
-def test_two_stages_killed_resume_bitwise_and_match_one_process(tmp_path: Path, data_dir: Path) -> None:  # noqa: F811
-    code, single = train_here(tmp_path, data_dir, "single", **RUN)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> dict[str, Path]:  # noqa: F811
+    """One process, and pp 2 (1F1B) killed after step 3 and resumed: each with a step-2 checkpoint."""
+    tmp = tmp_path_factory.mktemp("pp")
+    code, single = train_here(tmp, data_dir, "single", **RUN)
     assert code == 0
     # Rank 0 (the first stage, which logs) is killed with SIGKILL after step 3; the checkpoint of step 2 (DCP,
     # one file per stage) is resumed and step 3 is trained again, bitwise.
-    code, staged = run_trainer(tmp_path, data_dir, "pp2", ranks=2, parallel={"dp": 1, "pp": 2},
+    code, staged = run_trainer(tmp, data_dir, "pp2", ranks=2, parallel={"dp": 1, "pp": 2},
                                env={"TRAINER_FAULT_SIGKILL_AT_STEP": "3"}, **RUN)
     assert code != 0 and not (staged / "result.json").exists()
-    code, staged = run_trainer(tmp_path, data_dir, "pp2", ranks=2, parallel={"dp": 1, "pp": 2}, **RUN)
+    code, staged = run_trainer(tmp, data_dir, "pp2", ranks=2, parallel={"dp": 1, "pp": 2}, **RUN)
     assert code == 0, sorted(staged.glob("stdout-*.log"))[-1].read_text()[-4000:]
+    return {"single": single, "pp2": staged, "tmp": tmp}
+
+
+def _logged_steps(run_dir: Path, step: int) -> list[tuple[float, float]]:
+    """(loss, grad_norm) of every `step=N` line rank 0 logged, in order."""
+    out = []
+    for line in (run_dir / "logs" / "rank0.log").read_text().splitlines():
+        if f" trainer: step={step} loss=" in line:
+            fields = dict(f.split("=", 1) for f in line.split(" trainer: ")[1].split())
+            out.append((float(fields["loss"]), float(fields["grad_norm"])))
+    return out
+
+
+def test_two_stages_killed_resume_bitwise_and_match_one_process(runs: dict[str, Path]) -> None:
+    single, staged = runs["single"], runs["pp2"]
     result = json.loads((staged / "result.json").read_text())
     assert result["status"] == "finished" and result["resumed_from"].endswith("step_000002")
     want, got = _series(single), _series(staged)
@@ -77,3 +99,61 @@ def test_two_stages_killed_resume_bitwise_and_match_one_process(tmp_path: Path, 
     for key, values in want.items():
         assert relative(got[key][-1], values[-1]) <= TOLERANCE, (key, got[key], values)
     assert (staged / "model" / "model.safetensors").is_file()
+
+
+def test_continue_between_two_stages_and_one_process_both_ways(runs: dict[str, Path], data_dir: Path) -> None:  # noqa: F811
+    """`--continue-from` between pp 2 and pp 1: the pipeline's DCP shards (each stage its own
+    parameters, the tied head as its own tensor on the last stage) load into the one model, and
+    the one process's model.safetensors + optimizer.pt (tied head omitted, optimizer state by
+    position) load into the two stages; step 3 then equals the uninterrupted run's."""
+    from pipelines.continuation import Continuation, seed_run
+
+    tmp = runs["tmp"]
+    (want,) = _logged_steps(runs["single"], 3)
+    for source, name, ranks, parallel in ((runs["pp2"], "pp2-to-1", 1, None),
+                                          (runs["single"], "1-to-pp2", 2, {"dp": 1, "pp": 2})):
+        target = tmp / name
+        (target / "checkpoints").mkdir(parents=True)
+        seed_run(Continuation(source, source / "checkpoints" / "step_000002", 2, {}, {}), target)
+        code, _ = run_trainer(tmp, data_dir, name, ranks=ranks, parallel=parallel, run_dir=target, **RUN)
+        assert code == 0, sorted(target.glob("stdout-*.log"))[-1].read_text()[-4000:]
+        (got,) = _logged_steps(target, 3)
+        assert relative(got[0], want[0]) <= 1e-5 and relative(got[1], want[1]) <= 1e-5, (name, got, want)
+        alerts = (target / "alerts.jsonl").read_text()
+        assert "resharded at step 2" in alerts and "pp 2" in alerts, alerts
+
+
+def test_two_stages_times_two_replicas_match_one_process(runs: dict[str, Path], data_dir: Path) -> None:  # noqa: F811
+    """pp 2 x dp 2 on four processes (stage-major ranks: 0, 1 run the first stage of replicas 0
+    and 1, ranks 2, 3 the last): the same global batch (micro-batch 1 x 2 accumulation x 2
+    replicas), the same losses, gradient norms and eval loss as one process."""
+    code, run = run_trainer(runs["tmp"], data_dir, "pp2xdp2", ranks=4, parallel={"dp": 2, "pp": 2},
+                            **RUN | {"micro_batch_size": 1, "checkpoint_interval": 1000})
+    assert code == 0, sorted(run.glob("stdout-*.log"))[-1].read_text()[-4000:]
+    want, got = _series(runs["single"]), _series(run)
+    assert set(want) == set(got)
+    for key, values in want.items():
+        assert relative(got[key][-1], values[-1]) <= TOLERANCE, (key, got[key], values)
+
+
+def test_two_stages_with_fsdp_over_two_replicas_continue_one_process(runs: dict[str, Path], data_dir: Path) -> None:  # noqa: F811
+    """pp 2 x FSDP 2 (each stage sharded over its two replicas, torchtitan's PP x FSDP) continues
+    the one process's step-2 checkpoint (full tensors sliced into each rank's shard of each
+    stage) and trains step 3 as the one process did; rank 0 holds half of its stage's parameters
+    (the first stage's with pp 2 alone), and its checkpoint is DCP shards."""
+    target = runs["tmp"] / "1-to-pp2xfsdp2"
+    (target / "checkpoints").mkdir(parents=True)
+    from pipelines.continuation import Continuation, seed_run
+
+    seed_run(Continuation(runs["single"], runs["single"] / "checkpoints" / "step_000002", 2, {}, {}), target)
+    code, _ = run_trainer(runs["tmp"], data_dir, target.name, ranks=4, parallel={"dp": 2, "pp": 2, "fsdp": True},
+                          run_dir=target, **RUN | {"micro_batch_size": 1})
+    assert code == 0, sorted(target.glob("stdout-*.log"))[-1].read_text()[-4000:]
+    (want,) = _logged_steps(runs["single"], 3)
+    (got,) = _logged_steps(target, 3)
+    assert relative(got[0], want[0]) <= 1e-5 and relative(got[1], want[1]) <= 1e-5, (got, want)
+    staged = json.loads((target / "result.json").read_text())["layout"]
+    whole_stage = json.loads((runs["pp2"] / "result.json").read_text())["layout"]["params_on_rank0"]
+    assert staged["pp"] == 2 and abs(2 * staged["params_on_rank0"] - whole_stage) <= 64, (staged, whole_stage)
+    assert sorted(p.name for p in (target / "checkpoints" / "step_000003").glob("*.distcp")) == [
+        f"__{r}_0.distcp" for r in range(4)]

@@ -95,7 +95,7 @@ def test_a_layout_the_trainer_cannot_run_is_refused_by_validate_plan_and_smoke_b
         result = runner.invoke(app, [*command, "experiments/tp-run.yaml"])
         assert result.exit_code == SpecError.exit_code, (command, result.output)
         assert "experiments/tp-run.yaml:16:" in result.output and "parallel.pp" in result.output, result.output
-        assert "pipeline parallelism runs with plain data parallelism only" in result.output
+        assert "pipeline parallelism runs with data parallelism (DDP or FSDP), not with tensor parallelism" in result.output
         assert "set tp: 1" in result.output
         assert "Traceback" not in result.output
 

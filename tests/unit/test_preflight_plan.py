@@ -388,7 +388,7 @@ def test_the_capability_limits_the_search_and_the_explicit_layouts():
         preflight.plan_parallel(explicit, locate=lambda f: ("experiments/x.yaml", 30, 3))
     (issue,) = info.value.issues
     assert (issue.file, issue.line, issue.field) == ("experiments/x.yaml", 30, "parallel.pp")
-    assert "runs with plain data parallelism only" in issue.message and "set tp: 1" in issue.message
+    assert "runs with data parallelism (DDP or FSDP), not with tensor parallelism" in issue.message and "set tp: 1" in issue.message
 
 
 def test_tp_divisibility_agrees_with_validate():

@@ -25,10 +25,12 @@ def test_topology_places_pipeline_stages_and_reads_rows_per_tp_group() -> None:
     from validation.errors import TrainingError
     from validation.spec import ParallelLayout
 
-    with pytest.raises(TrainingError, match="runs with plain data parallelism"):
+    with pytest.raises(TrainingError, match="runs with data parallelism \\(DDP or FSDP\\) over the 4 processes only, not with tp"):
         Topology.from_layout(ParallelLayout(dp=1, tp=2, pp=2), 4, 0)
-    staged = Topology.from_layout(ParallelLayout(dp=2, pp=2), 4, 3)  # rank = dp index x pp + stage
-    assert (staged.dp, staged.pp, staged.dp_rank, staged.sharded) == (2, 2, 1, True)
+    staged = Topology.from_layout(ParallelLayout(dp=2, pp=2), 4, 1)  # rank = stage x dp + dp index
+    assert (staged.dp, staged.pp, staged.dp_rank, staged.pp_rank, staged.sharded) == (2, 2, 1, 0, True)
+    last = Topology.from_layout(ParallelLayout(dp=2, pp=2, fsdp=True), 4, 2)  # stages outermost: across nodes
+    assert (last.dp_rank, last.pp_rank, last.fsdp, last.shard) == (0, 1, True, 2)
     topo = Topology.from_layout(ParallelLayout(dp=2, tp=2), 4, 3)
     assert (topo.dp, topo.dp_rank, topo.tp_rank, topo.fsdp, topo.sharded) == (2, 1, 1, True, True)
     assert not Topology.from_layout(ParallelLayout(dp=1, fsdp=True), 1, 0).sharded  # one process: plain

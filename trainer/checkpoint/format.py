@@ -194,16 +194,17 @@ def read_train_state(directory: Path) -> dict[str, Any]:
     return data
 
 
-def layout_record(world: int, dp: int, tp: int, shard: int, replicate: int = 1) -> dict[str, Any]:
+def layout_record(world: int, dp: int, tp: int, shard: int, replicate: int = 1, pp: int = 1) -> dict[str, Any]:
     """The layout a checkpoint was written under (train_state.json `layout`): processes and how
     they split the work. `fsdp` means parameters really are sharded (over more than one rank)."""
-    return {"processes": world, "dp": dp, "tp": tp, "fsdp": shard > 1, "replicate": replicate}
+    return {"processes": world, "dp": dp, "tp": tp, "fsdp": shard > 1, "replicate": replicate, "pp": pp}
 
 
 def describe_layout(layout: dict[str, Any]) -> str:
-    """`dp 2, fsdp`, `dp 1 x tp 2`, `dp 4, fsdp (hsdp 2 x 2)`: what the processes do, in words."""
-    dp, tp = int(layout.get("dp", 1)), int(layout.get("tp", 1))
-    text = f"dp {dp}" + (f" x tp {tp}" if tp > 1 else "")
+    """`dp 2, fsdp`, `dp 1 x tp 2`, `dp 1 x pp 2`, `dp 4, fsdp (hsdp 2 x 2)`: what the processes
+    do, in words."""
+    dp, tp, pp = int(layout.get("dp", 1)), int(layout.get("tp", 1)), int(layout.get("pp", 1))
+    text = f"dp {dp}" + (f" x tp {tp}" if tp > 1 else "") + (f" x pp {pp}" if pp > 1 else "")
     if layout.get("fsdp"):
         replicate = int(layout.get("replicate", 1))
         text += ", fsdp" + (f" (hsdp {replicate} x {dp // replicate})" if replicate > 1 else "")
@@ -224,8 +225,8 @@ def saved_layout(path: Path, saved_state: dict[str, Any]) -> dict[str, Any]:
 def reshard_message(step: int, before: dict[str, Any], after: dict[str, Any]) -> str | None:
     """"resharded at step 30: 2 -> 1 processes (dp 2, fsdp -> dp 1)", or None when the layout
     did not change. Pure."""
-    keys = ("processes", "dp", "tp", "fsdp")
-    if all(before.get(k) == after.get(k) for k in keys):
+    keys = ("processes", "dp", "tp", "fsdp", "pp")
+    if all(before.get(k, 1 if k == "pp" else None) == after.get(k, 1 if k == "pp" else None) for k in keys):
         return None
     return (f"resharded at step {step}: {before.get('processes')} -> {after.get('processes')} processes "
             f"({describe_layout(before)} -> {describe_layout(after)})")

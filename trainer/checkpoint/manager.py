@@ -131,7 +131,7 @@ class CheckpointManager:
 
         path, live, world = Path(path), self.live, self.dp
         if is_sharded(path):  # written by a sharded layout: DCP reshards into any layout
-            load_shards(path, live.model, live.optimizer)
+            load_shards(path, live.model, live.optimizer, self.spec.model)
         else:
             self.storage.load_unsharded(path)
         scheduler = torch.load(path / SCHEDULER, map_location="cpu", weights_only=False)

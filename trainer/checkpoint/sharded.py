@@ -1,4 +1,4 @@
-"""The sharded layout (FSDP, TP): torch.distributed.checkpoint (DCP) save, load (resharding),
+"""The sharded layout (FSDP, TP, pipeline stages): torch.distributed.checkpoint (DCP) save, load (resharding),
 round-trip validation without gathering, and a streamed safetensors export.
 
   __<rank>_0.distcp  every rank's shard of model and optimizer
@@ -7,9 +7,9 @@ round-trip validation without gathering, and a streamed safetensors export.
 
 beside every rank's `rng_rank<N>.pt` and `train_state.json`. DCP files hold the model and
 optimizer under the keys `model` and `optim` (flattened to `model.<fqn>` /
-`optim.state.<fqn>.<name>` in `.metadata`). Loading goes through
+`optim.state.<fqn>.<name>` / `optim.param_groups.<fqn>.<name>` in `.metadata`). Loading goes through
 `get_state_dict`/`set_state_dict`, so the same files load into a plain model (one process,
-no process group), DDP replicas, or another FSDP/TP layout: DCP reads each rank's part of
+no process group), DDP replicas, another FSDP/TP layout or pipeline stages: DCP reads each rank's part of
 each tensor from whichever shards hold it.
 """
 
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint.format import (
+    MODEL,
     OPTIMIZER,
     SCHEDULER,
     file_entry,
@@ -47,13 +48,23 @@ def _optimizer(opt: Any) -> torch.optim.Optimizer:
     return inner
 
 
-def state_dicts(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+# How every sharded checkpoint keys its optimizer: `optim.state.<fqn>.<name>` and
+# `optim.param_groups.<fqn>.<name>` (DCP's `flatten_optimizer_state_dict`), one key per parameter
+# name, so that any layout reads any other's, pipeline stages included (their ranks hold
+# different parameters: group indices would collide). Checkpoints written before it keyed param
+# groups by index (`optim.param_groups.0.lr`); `load_shards` reads those too.
 
-    # Pipeline stages (trainer/pipeline_parallel.py) hold different parameters per rank: their
-    # param groups are keyed per parameter name, not by group index (which DCP would merge).
-    flat = StateDictOptions(flatten_optimizer_state_dict=True) if getattr(model, "pipeline_stages", False) else None
-    return get_state_dict(model, _optimizer(optimizer), options=flat)
+
+def _options(flatten: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=flatten)
+
+
+def state_dicts(model: torch.nn.Module, optimizer: Any, flatten: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    return get_state_dict(model, _optimizer(optimizer), options=_options(flatten))
 
 
 def save_shards(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
@@ -64,20 +75,91 @@ def save_shards(directory: Path, model: torch.nn.Module, optimizer: Any) -> None
     dcp_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
 
 
-def load_shards(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
-    """Load model and optimizer from a DCP checkpoint written by any layout (reshards)."""
+def checkpoint_keys(directory: Path) -> set[str]:
+    """Every key of a DCP checkpoint's index (`model.<fqn>`, `optim.state.<fqn>.<name>`, ...)."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    return set(FileSystemReader(str(directory)).read_metadata().state_dict_metadata)
+
+
+def indexed_groups(keys: set[str]) -> bool:
+    """Written before the optimizer was keyed by name: param groups keyed by index (`optim.param_groups.0.lr`)."""
+    import re
+
+    return any(re.match(r"optim\.param_groups\.\d+\.", k) for k in keys)
+
+
+def tied_aliases(model: torch.nn.Module, arch: Any) -> dict[str, str]:
+    """Each tied parameter name -> the name the one-model layouts key it by (the first of its
+    names, the input embedding): a pipeline's last stage holds the LM head as its own tensor."""
+    from accelerate import init_empty_weights
+
+    from trainer.pipeline_parallel import tied_model
+
+    if not getattr(model, "pipeline_stages", False) or not arch.tie_word_embeddings:
+        return {}
+    with init_empty_weights(include_buffers=False):
+        full: Any = arch.build()
+    groups: dict[int, list[str]] = {}
+    for name, param in tied_model(arch, full).named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return {alias: names[0] for names in groups.values() for alias in names[1:]}
+
+
+def _aliased(key: str, keys: set[str], aliases: dict[str, str]) -> str | None:
+    """Where `key` (flattened, `model.`/`optim.` prefixed) is in a checkpoint with `keys`."""
+    if key in keys:
+        return key
+    for alias, name in aliases.items():
+        for prefix in ("model.", "optim.state.", "optim.param_groups."):
+            if key.startswith(prefix + alias + "."):
+                moved = prefix + name + key[len(prefix + alias):]
+                if moved in keys:
+                    return moved
+            elif key == prefix + alias and prefix + name in keys:
+                return prefix + name
+    return None
+
+
+def load_shards(directory: Path, model: torch.nn.Module, optimizer: Any, arch: Any = None) -> None:
+    """Load model and optimizer from a DCP checkpoint written by any layout (reshards).
+
+    Pipeline stages read their own parameters' keys; a tied LM head on the last stage reads the
+    input embedding's keys when the checkpoint was written by a layout that holds them as one
+    tensor (and the other way round, the one-model layouts ignore the head's copy)."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import set_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    model_sd, optim_sd = state_dicts(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    from validation.errors import TrainingError
+
+    keys = checkpoint_keys(directory)
+    old = indexed_groups(keys)
+    staged = getattr(model, "pipeline_stages", False)
+    if old and staged:
+        raise TrainingError(f"{directory}: written before checkpoints keyed the optimizer by parameter name; "
+                            "pipeline stages cannot read it: continue it with parallel.pp 1")
+    model_sd, optim_sd = state_dicts(model, optimizer, flatten=not old)
+    aliases = tied_aliases(model, arch) if arch is not None else {}
+    wanted: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    for prefix, part in (("model.", model_sd), ("optim.", optim_sd)):
+        for name, value in part.items():
+            found = _aliased(prefix + name, keys, aliases) if (staged and not old) else prefix + name
+            if found is None:
+                raise TrainingError(f"{directory}: the checkpoint has no {prefix}{name}")
+            wanted[found] = value
+            where[prefix + name] = found
     single = not (dist.is_available() and dist.is_initialized())
     with warnings.catch_warnings():
         # One process without a process group is the intended 2 -> 1 resharding case, not a mistake.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp_load(state, checkpoint_id=str(directory), no_dist=single)
-    set_state_dict(model, _optimizer(optimizer), model_state_dict=state["model"], optim_state_dict=state["optim"])
+        # DCP joins nested keys with ".": dotted keys name the same entries, loaded in place.
+        dcp_load(wanted, checkpoint_id=str(directory), no_dist=single)
+    model_sd = {name: wanted[where["model." + name]] for name in model_sd}
+    optim_sd = {name: wanted[where["optim." + name]] for name in optim_sd}
+    set_state_dict(model, _optimizer(optimizer), model_state_dict=model_sd, optim_state_dict=optim_sd,
+                   options=_options(not old))
 
 
 def live_model_state(model: torch.nn.Module) -> dict[str, Any]:
@@ -183,21 +265,62 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def load_legacy(directory: Path, model: torch.nn.Module, optimizer: Any, arch: Any) -> None:
-    """A one-process / DDP checkpoint (model.safetensors + optimizer.pt) into a sharded model:
-    weights streamed tensor by tensor; the optimizer state (indexed by parameter position, in
-    the order `build_optimizer` lists them) re-keyed by name and distributed."""
+def load_legacy(directory: Path, model: torch.nn.Module, optimizer: Any, arch: Any, train: Any) -> None:
+    """A one-process / DDP checkpoint (model.safetensors + optimizer.pt) into a sharded model or
+    pipeline stages: weights streamed tensor by tensor; the optimizer state (indexed by parameter
+    position, in the order `build_optimizer` lists the whole model's) re-keyed by name and
+    distributed. A pipeline stage takes its own parameters' state (a tied LM head the embedding's)."""
     import torch
+    from accelerate import init_empty_weights
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
-    from trainer.parallel import load_full_weights
+    from trainer.optim import build_optimizer
+    from trainer.parallel import _copy_full_into, load_full_weights
+    from trainer.pipeline_parallel import tied_model
 
     load_full_weights(model, directory, arch)
     saved = torch.load(Path(directory) / OPTIMIZER, map_location="cpu", weights_only=False)
     opt = _optimizer(optimizer)
     names = {id(p): n for n, p in model.named_parameters()}
-    order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
+    staged = getattr(model, "pipeline_stages", False)
+    if staged:  # the file omits a tied LM head: the last stage's copy is the embedding's tensor
+        from safetensors import safe_open
+
+        mine = dict(model.named_parameters())
+        with safe_open(str(Path(directory) / MODEL), framework="pt") as fh, torch.no_grad():
+            for alias, name in tied_aliases(model, arch).items():
+                if alias in mine and alias not in fh.keys():
+                    _copy_full_into(mine[alias], fh.get_tensor(name))
+    if staged:  # the position of each name in the whole model's optimizer (built on meta tensors)
+        with init_empty_weights(include_buffers=False):
+            full: Any = arch.build()
+        full = tied_model(arch, full)
+        full_opt = build_optimizer(full, train, arch)
+        full_names = {id(p): n for n, p in full.named_parameters()}
+        order = [full_names[id(p)] for group in full_opt.param_groups for p in group["params"]]
+        group_of = {full_names[id(p)]: i for i, group in enumerate(full_opt.param_groups) for p in group["params"]}
+    else:
+        order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
     state = {order[int(i)]: v for i, v in saved["state"].items()}
+    if staged:
+        aliases = tied_aliases(model, arch)
+        params = dict(model.named_parameters())
+        state = {n: state[aliases.get(n, n)] for n in params if aliases.get(n, n) in state}
+        flat: dict[str, Any] = {}
+        for name, param in sorted(params.items()):
+            for key, value in state.get(name, {}).items():
+                if isinstance(param, DTensor) and isinstance(value, torch.Tensor) and value.shape == param.shape:
+                    value = distribute_tensor(value.to(param.device), param.device_mesh, param.placements,
+                                              src_data_rank=None)  # this rank's FSDP shard, sliced locally
+                flat[f"state.{name}.{key}"] = value
+            group = saved["param_groups"][group_of[aliases.get(name, name)]]
+            for key, value in group.items():
+                if key != "params":
+                    flat[f"param_groups.{name}.{key}"] = value
+        set_optimizer_state_dict(model, opt, flat,
+                                 options=StateDictOptions(flatten_optimizer_state_dict=True))
+        return
     groups = []
     for group, saved_group in zip(opt.param_groups, saved["param_groups"], strict=True):
         groups.append({k: v for k, v in saved_group.items() if k != "params"}
@@ -315,4 +438,4 @@ class ShardedStorage:
 
     def load_unsharded(self, path: Path) -> None:
         """A checkpoint written by one process or DDP into this sharded model."""
-        load_legacy(path, self.live.model, self.live.optimizer, self.live.spec.model)
+        load_legacy(path, self.live.model, self.live.optimizer, self.live.spec.model, self.live.spec.train)
