@@ -10,6 +10,8 @@ The reference is one uninterrupted run of the same job on one machine with two p
 the one-machine run's bitwise (the first test) and it resumed (the second). The static
 launcher's own contract (each node's `accelerate launch` line: two machines, the fixed
 rendezvous, its machine rank) is checked on that job too (it was `test_launch_static.py`).
+Pipeline stages across the two static machines (pp 2, one stage each) train as the one-machine
+run does.
 The Slurm job also tracks to the session's MLflow server: it is the two-node CPU training on
 Slurm end to end (it was `test_launch_slurm.py::test_two_node_cpu_training_end_to_end`).
 """
@@ -46,14 +48,16 @@ TRAIN = {"max_steps": STEPS, "checkpoint_interval": 4, "eval_interval": 1000, "k
 FSDP = {"dp": 2, "fsdp": True}
 
 
-def fsdp_job(tmp: Path, *, nodes: int, procs: int, launcher: str, rendezvous: str | None = None) -> LaunchJob:
-    """A 2-rank FSDP job of the real trainer on really prepared (tiny) data."""
+def fsdp_job(tmp: Path, *, nodes: int, procs: int, launcher: str, rendezvous: str | None = None,
+             parallel: dict[str, Any] | None = None, train: dict[str, Any] | None = None) -> LaunchJob:
+    """A 2-rank FSDP job (or `parallel`) of the real trainer on really prepared (tiny) data."""
     from pipelines.dataprep.prepare import prepare_data
 
     data_root = tmp / "data"
     data_root.mkdir(parents=True, exist_ok=True)
-    raw = tiny_spec_dict(data_root, nodes=nodes, procs=procs, launcher=launcher, rendezvous=rendezvous, train=TRAIN)
-    raw["parallel"] = FSDP
+    raw = tiny_spec_dict(data_root, nodes=nodes, procs=procs, launcher=launcher, rendezvous=rendezvous,
+                         train=TRAIN | (train or {}))
+    raw["parallel"] = parallel or FSDP
     raw["model"]["tie_word_embeddings"] = False
     spec = ExperimentSpec.model_validate(raw)
     run_dir = tmp / "run"
@@ -72,10 +76,10 @@ def _logs(run_dir: Path) -> str:
                    + sorted((run_dir / "logs").glob("slurm-*.*")))
 
 
-def run_static(tmp: Path, on_started: Any = None) -> tuple[LaunchJob, list[Any]]:
+def run_static(tmp: Path, on_started: Any = None, **layout: Any) -> tuple[LaunchJob, list[Any]]:
     """Both static "machines" of one job, each under the launcher's own retry loop (as each
     runner of a matrix would run `pipeline submit`), in threads; `on_started(job)` runs meanwhile."""
-    job = fsdp_job(tmp, nodes=2, procs=1, launcher="static", rendezvous=f"127.0.0.1:{free_port()}")
+    job = fsdp_job(tmp, nodes=2, procs=1, launcher="static", rendezvous=f"127.0.0.1:{free_port()}", **layout)
     outcomes: list[Any] = [None, None]
 
     def node(rank: int) -> None:
@@ -235,3 +239,17 @@ def test_two_nodes_saving_their_handles_at_once_do_not_collide(tmp_path: Path) -
         t.join()
     assert not errors, errors[:3]
     assert LaunchHandle.load(tmp_path).job_id in ("0", "1") and not list(tmp_path.glob("*.tmp"))
+
+
+def test_static_two_machines_run_the_two_pipeline_stages(tmp_path: Path, one_machine: dict[str, Any]) -> None:
+    """pp 2 on two static "machines", one process each: stages are the outermost rank axis, so
+    machine 0 runs the first stage (embeddings, first half of the blocks) and machine 1 the last
+    (second half, norm, head, loss), activations crossing the rendezvous; the same global batch
+    (micro-batch 2 x 4 micro-batches) trains as the one-machine FSDP run within float tolerance."""
+    job, outcomes = run_static(tmp_path, parallel={"dp": 1, "pp": 2}, train={"grad_accum_steps": 2})
+    assert all(o.state.phase is Phase.SUCCEEDED for o in outcomes), (outcomes, _logs(job.run_dir))
+    done = result(job.run_dir)
+    assert done["world_size"] == 2 and (done["layout"]["dp"], done["layout"]["pp"]) == (1, 2), done  # 1 replica, 2 stages
+    got, want = step_losses(job.run_dir), one_machine["losses"]
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    assert all(abs(got[s] - want[s]) <= 1e-4 * abs(want[s]) for s in want), {s: got[s] - want[s] for s in want}
