@@ -53,7 +53,7 @@ class Topology:
     """HSDP: FSDP shards inside each of `replicate` groups (one per node) and replicates across them."""
     pp: int = 1
     """Pipeline stages (trainer/pipeline_parallel.py), the outermost axis: rank = stage rank x
-    (dp x tp) + dp index x tp + tp rank. Ranks are numbered node by node, so TP stays inside a
+    (dp x tp) + dp index x tp + tp rank (with or without TP and FSDP). Ranks are numbered node by node, so TP stays inside a
     node and the stages of a replica go to different nodes once a node holds one stage."""
 
     @property
@@ -80,11 +80,11 @@ class Topology:
     @staticmethod
     def from_layout(layout: ParallelLayout, world: int, rank: int, nodes: int = 1) -> Topology:
         if layout.pp > 1:
-            if layout.tp > 1 or world % layout.pp:
-                raise TrainingError(f"parallel.pp={layout.pp} runs with data parallelism (DDP or FSDP) over the "
-                                    f"{world} processes only, not with tp (validation/capability.py)")
-            dp = world // layout.pp
-            return Topology(world=world, rank=rank, dp=dp, tp=1, fsdp=layout.fsdp and dp > 1, pp=layout.pp)
+            if world % (layout.pp * layout.tp):
+                raise TrainingError(f"parallel.pp={layout.pp} x tp={layout.tp} does not divide the {world} processes")
+            dp = world // (layout.pp * layout.tp)
+            fsdp = (layout.fsdp and dp > 1) or layout.tp > 1  # as PipelineEngine shards
+            return Topology(world=world, rank=rank, dp=dp, tp=layout.tp, fsdp=fsdp, pp=layout.pp)
         tp = layout.tp
         if world % tp:
             raise TrainingError(f"parallel.tp={tp} does not divide the {world} processes")

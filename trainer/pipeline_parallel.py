@@ -22,10 +22,11 @@ ranks, so both stay equal. Over dp, gradients are summed explicitly (DDP's arith
 with `parallel.fsdp`, each stage is FSDP-sharded over its replicas and reduce-scattered after
 its last micro-batch (torch.distributed.pipelining drives FSDP's gradient sync).
 
-Rank placement (trainer/parallel.py `Topology`): the stage is the outermost axis, rank = stage
-rank * dp + dp index. Launchers number ranks node by node, so with one stage's replicas per node
-the stages go across nodes and the data-parallel reduction of each stage stays inside one (TP,
-not supported with pp yet, would sit innermost).
+Rank placement (trainer/parallel.py `Topology`): the stage is the outermost axis and TP the
+innermost, rank = (stage rank * dp + dp index) * tp + tp rank. Launchers number ranks node by
+node, so a TP group stays inside a node and, with one stage's ranks per node, the stages go
+across nodes. With `parallel.tp`, each stage's blocks follow the architecture's TP plan (the
+activations between stages stay whole: a block's output is replicated over its TP group).
 """
 
 from __future__ import annotations
@@ -285,37 +286,43 @@ class PipelineEngine:
         import torch.distributed as dist
 
         layout = spec.parallel_layout()
-        self.pp, self.schedule_name = layout.pp, layout.pp_schedule
-        if world % self.pp:
-            raise TrainingError(f"parallel.pp={self.pp} does not divide the {world} processes")
-        self.dp = world // self.pp
+        self.pp, self.tp, self.schedule_name = layout.pp, layout.tp, layout.pp_schedule
+        if world % (self.pp * self.tp):
+            raise TrainingError(f"parallel.pp={self.pp} x tp={self.tp} does not divide the {world} processes")
+        self.dp = world // (self.pp * self.tp)
         self.rank, self.world, self.device = rank, world, device
-        self.dp_rank, self.pp_rank = rank % self.dp, rank // self.dp
+        # Stage outermost, TP innermost (trainer/parallel.py `Topology`): TP inside a node.
+        self.pp_rank, self.dp_rank, self.tp_rank = rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
         virtual = 2 if self.schedule_name == "interleaved_1f1b" else 1
         split = stage_split(spec.model.num_layers, self.pp * virtual, layout.pp_split)
         self.layout = StageLayout(self.pp, virtual, split, self.pp_rank)
         self.spec = spec
-        # Every rank creates every group (new_group is collective).
+        # Every rank creates every group, in the same order (new_group is collective).
         self.pp_group: Any = None
         self.dp_group: Any = None
-        for d in range(self.dp):
-            g = dist.new_group([self.global_rank(p, d) for p in range(self.pp)])
-            if d == self.dp_rank:
-                self.pp_group = g
-        for p in range(self.pp):
-            g = dist.new_group([self.global_rank(p, d) for d in range(self.dp)])
-            if p == self.pp_rank:
-                self.dp_group = g
         self.ends_group: Any = None
         for d in range(self.dp):
-            g = dist.new_group([self.global_rank(0, d), self.global_rank(self.pp - 1, d)])
-            if d == self.dp_rank:
-                self.ends_group = g
+            for t in range(self.tp):
+                g = dist.new_group([self.global_rank(p, d, t) for p in range(self.pp)])
+                if (d, t) == (self.dp_rank, self.tp_rank):
+                    self.pp_group = g
+        for p in range(self.pp):
+            for t in range(self.tp):
+                g = dist.new_group([self.global_rank(p, d, t) for d in range(self.dp)])
+                if (p, t) == (self.pp_rank, self.tp_rank):
+                    self.dp_group = g
+        for d in range(self.dp):
+            for t in range(self.tp):
+                g = dist.new_group([self.global_rank(0, d, t), self.global_rank(self.pp - 1, d, t)])
+                if (d, t) == (self.dp_rank, self.tp_rank):
+                    self.ends_group = g
         self.holder = build_holder(spec, self.layout, device, seed)
         self.tied = tied_names(spec, self.holder)
         self.stages = [build_stage(spec.model, self.layout, s, self.holder, spec.train.activation_checkpointing)
                        for s in self.layout.my_stages()]
-        self.fsdp = layout.fsdp and self.dp > 1
+        # As trainer/parallel.py does: TP goes with FSDP over the replicas (all parameters DTensors,
+        # one optimizer kernel; over one replica a no-op shard).
+        self.fsdp = (layout.fsdp and self.dp > 1) or self.tp > 1
         if self.fsdp:
             self._shard(spec)
         self.schedule: Any = None
@@ -323,20 +330,23 @@ class PipelineEngine:
         self.global_tokens = 1.0
 
     def _shard(self, spec: ExperimentSpec) -> None:
-        """FSDP over each stage's replicas (torchtitan's PP x FSDP): every block of a stage a unit,
-        the stage (embeddings, norm, head) the root; the stage's mesh is the `dp` row of a
-        (pp, dp) mesh. FSDP averages the gradients over the replicas, so each replica's loss is
+        """TP inside each stage, then FSDP over each stage's replicas (torchtitan's order; PP x TP x
+        FSDP): the stage's blocks get the architecture's TP plan on the `tp` axis of a (pp, dp, tp)
+        mesh; with FSDP every block is a unit and the stage (embeddings, norm, head) the root, on
+        the `dp` axis. FSDP averages the gradients over the replicas, so each replica's loss is
         scaled by dp (`step`): the same sum as DDP's (a divide factor of 1 would need gloo's
-        missing PREMUL_SUM). The holder then names the sharded parameters."""
+        missing PREMUL_SUM). The holder then names the sharded parameters (DTensors)."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        from trainer.parallel import mixed_precision_policy
+        from trainer.parallel import apply_tp_plan, mixed_precision_policy
 
-        mesh = init_device_mesh(self.device.type, (self.pp, self.dp), mesh_dim_names=("pp", "dp"))["dp"]
-        kw: dict[str, Any] = {"mesh": mesh, "mp_policy": mixed_precision_policy(
-            spec.train.precision, spec.parallel_layout().reduce_dtype)}
+        mesh = init_device_mesh(self.device.type, (self.pp, self.dp, self.tp), mesh_dim_names=("pp", "dp", "tp"))
         for stage in self.stages:
+            if self.tp > 1:
+                apply_tp_plan(spec.model, stage.shell, mesh["tp"])
+            kw: dict[str, Any] = {"mesh": mesh["dp"], "mp_policy": mixed_precision_policy(
+                spec.train.precision, spec.parallel_layout().reduce_dtype)}
             container, _ = _block_container(spec.model, stage.shell)
             for block in container.children():
                 fully_shard(block, **kw)
@@ -348,9 +358,12 @@ class PipelineEngine:
                     if param is not None:
                         modules[name]._parameters[pname] = param
 
-    def global_rank(self, pp_rank: int, dp_rank: int | None = None) -> int:
-        """The process of stage rank `pp_rank` in replica `dp_rank` (this rank's by default)."""
-        return pp_rank * self.dp + (self.dp_rank if dp_rank is None else dp_rank)
+    def global_rank(self, pp_rank: int, dp_rank: int | None = None, tp_rank: int | None = None) -> int:
+        """The process of stage rank `pp_rank` in replica `dp_rank` at TP rank `tp_rank` (this
+        rank's replica and TP rank by default)."""
+        d = self.dp_rank if dp_rank is None else dp_rank
+        t = self.tp_rank if tp_rank is None else tp_rank
+        return (pp_rank * self.dp + d) * self.tp + t
 
     def _make_schedule(self, micro: int, accum: int) -> Any:
         import torch
@@ -393,7 +406,8 @@ class PipelineEngine:
             self.schedule, self.schedule_micro = self._make_schedule(micro, accum), micro
         counts = [int((b["labels"][:, 1:] != -100).sum()) for b in batches]
         (total,) = comm.all_reduce([float(sum(counts))])
-        self.global_tokens = max(total / self.pp, 1.0) / (self.dp if self.fsdp else 1)  # FSDP averages over dp
+        # Every stage and TP rank of a replica counted its rows; FSDP averages over dp.
+        self.global_tokens = max(total / (self.pp * self.tp), 1.0) / (self.dp if self.fsdp else 1)
         rows: dict[str, int] = {}
         for b in batches:
             for src in b["sources"]:
@@ -405,12 +419,16 @@ class PipelineEngine:
         args = (cat["input_ids"],) if self.pp_rank == 0 else ()
         with autocast():
             self.schedule.step(*args, target=cat["labels"], losses=losses, return_outputs=False, **kwargs)
-        local_loss = float(sum(float(x.detach()) for x in losses)) / (self.dp if self.fsdp else 1) if losses else 0.0
+        # The last stage's TP ranks hold the same loss; FSDP's scaling undone.
+        local_loss = (float(sum(float(x.detach()) for x in losses)) / ((self.dp if self.fsdp else 1) * self.tp)
+                      if losses else 0.0)
         self._sync_grads()
         params = [p for p in self.holder.parameters() if p.grad is not None]
         tied = {id(p) for n, p in self.holder.named_parameters() if n in self.tied}
         counted = [p for p in params if not (id(p) in tied and self.pp_rank != 0)]
-        sq = float(sum(float(_local(p.grad).detach().float().pow(2).sum()) for p in counted))
+        # A tensor whole on every TP rank is counted by each: once per TP group.
+        sq = float(sum(float(_local(p.grad).detach().float().pow(2).sum()) / (1 if _tp_split(p) else self.tp)
+                       for p in counted))
         loss_value, sq_total, any_term = comm.all_reduce([local_loss, sq, float(sigterm)])
         # Replicated over dp (each replica counted it), or FSDP shards (each counted once).
         grad_norm = math.sqrt(sq_total / (1 if self.fsdp else self.dp))
@@ -438,7 +456,7 @@ class PipelineEngine:
         if self.dp > 1 and not self.fsdp:  # FSDP reduce-scattered them in the schedule's last backward
             for p in self.holder.parameters():
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                dist.all_reduce(grad, group=self.dp_group)
+                dist.all_reduce(_local(grad), group=self.dp_group)
                 p.grad = grad
 
     def eval_forward(self, ids: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -465,6 +483,16 @@ class PipelineEngine:
         dist.broadcast(result, src=self.global_rank(self.layout.stage_of_rank(self.layout.num_stages - 1)),
                        group=self.pp_group)
         return result[0]
+
+
+def _tp_split(param: Any) -> bool:
+    """Split over the TP ranks (each holds its own part): a DTensor sharded on the `tp` axis."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(param, DTensor):
+        return False
+    names = param.device_mesh.mesh_dim_names or ()
+    return any(isinstance(pl, Shard) and name == "tp" for name, pl in zip(names, param.placements, strict=False))
 
 
 def _local(tensor: Any) -> Any:

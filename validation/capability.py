@@ -39,8 +39,8 @@ class ExecutionCapability:
     cpu: frozenset[Axis]
     """Axes usable on CPU processes (gloo)."""
     pp_alone: bool = False
-    """Pipeline stages run on trainer/pipeline_parallel.py: with data parallelism (DDP or FSDP),
-    not TP, and its schedules need enough micro-batches (validation/rules.py)."""
+    """Pipeline stages run on trainer/pipeline_parallel.py (with DDP or FSDP replicas and TP
+    inside each stage), and its schedules need enough micro-batches (validation/rules.py)."""
     plans_pp: bool = True
     """`parallel: auto` may place pipeline stages (the trainer's explicit layouts may use pp either way)."""
 
@@ -72,9 +72,6 @@ class ExecutionCapability:
         runs = ", ".join(_AXIS_NAMES[a] for a in AXES if a in allowed) or "nothing"
         fix: dict[Axis, str] = {"fsdp": "fsdp: false", "tp": "tp: 1", "pp": "pp: 1"}
         out: list[tuple[Axis, str]] = []
-        if self.pp_alone and layout.pp > 1 and layout.tp > 1:
-            return [("pp", "pipeline parallelism runs with data parallelism (DDP or FSDP), not with tensor "
-                           "parallelism yet (validation/capability.py); set tp: 1")]
         for axis, active in used:
             if active and axis not in allowed:
                 extra = "" if on_gpu or axis not in self.gpu else " (it runs on GPUs: set resource.gpus_per_node)"

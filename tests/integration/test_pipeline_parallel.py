@@ -157,3 +157,19 @@ def test_two_stages_with_fsdp_over_two_replicas_continue_one_process(runs: dict[
     assert staged["pp"] == 2 and abs(2 * staged["params_on_rank0"] - whole_stage) <= 64, (staged, whole_stage)
     assert sorted(p.name for p in (target / "checkpoints" / "step_000003").glob("*.distcp")) == [
         f"__{r}_0.distcp" for r in range(4)]
+
+
+def test_two_stages_with_tensor_parallelism_inside_each_match_one_process(runs: dict[str, Path],
+                                                                          data_dir: Path) -> None:  # noqa: F811
+    """pp 2 x tp 2 on four processes (TP innermost: ranks 0, 1 split the first stage's blocks by
+    the architecture's TP plan, ranks 2, 3 the last stage's): the one process's losses, gradient
+    norms (a tensor whole on both TP ranks counted once) and eval loss."""
+    code, run = run_trainer(runs["tmp"], data_dir, "pp2xtp2", ranks=4, parallel={"dp": 1, "pp": 2, "tp": 2},
+                            **RUN | {"checkpoint_interval": 1000})
+    assert code == 0, sorted(run.glob("stdout-*.log"))[-1].read_text()[-4000:]
+    want, got = _series(runs["single"]), _series(run)
+    assert set(want) == set(got)
+    for key, values in want.items():
+        assert relative(got[key][-1], values[-1]) <= TOLERANCE, (key, got[key], values)
+    layout = json.loads((run / "result.json").read_text())["layout"]
+    assert (layout["pp"], layout["tp"]) == (2, 2), layout

@@ -94,9 +94,10 @@ def test_a_layout_the_trainer_cannot_run_is_refused_by_validate_plan_and_smoke_b
     for command in (["validate"], ["plan"], ["smoke"], ["data", "prepare"]):
         result = runner.invoke(app, [*command, "experiments/tp-run.yaml"])
         assert result.exit_code == SpecError.exit_code, (command, result.output)
-        assert "experiments/tp-run.yaml:16:" in result.output and "parallel.pp" in result.output, result.output
-        assert "pipeline parallelism runs with data parallelism (DDP or FSDP), not with tensor parallelism" in result.output
-        assert "set tp: 1" in result.output
+        # 1F1B over 2 stages (TP 2 inside each) with one micro-batch per step: the schedule cannot run.
+        assert "experiments/tp-run.yaml:15:" in result.output and "train.grad_accum_steps" in result.output, \
+            result.output
+        assert "pp_schedule 1f1b with pp=2 needs at least 2 micro-batches" in result.output
         assert "Traceback" not in result.output
 
 

@@ -383,12 +383,14 @@ def test_the_capability_limits_the_search_and_the_explicit_layouts():
     # ...and an explicit layout outside what the trainer runs (`TRAINER`, the default) is
     # refused at its field, saying what to change.
     explicit = make_spec(TINY_LLAMA, resource={"gpus_per_node": 4, "gpu_type": "a100"},
-                         parallel={"dp": 1, "tp": 2, "pp": 2})
+                         parallel={"dp": 1, "tp": 2, "pp": 2}, train={"grad_accum_steps": 2})
+    assert preflight.plan_parallel(explicit).pp == 2  # the trainer runs pp x tp now
     with pytest.raises(SpecError) as info:
-        preflight.plan_parallel(explicit, locate=lambda f: ("experiments/x.yaml", 30, 3))
-    (issue,) = info.value.issues
-    assert (issue.file, issue.line, issue.field) == ("experiments/x.yaml", 30, "parallel.pp")
-    assert "runs with data parallelism (DDP or FSDP), not with tensor parallelism" in issue.message and "set tp: 1" in issue.message
+        preflight.plan_parallel(explicit, capability=dp_only, locate=lambda f: ("experiments/x.yaml", 30, 3))
+    issues = info.value.issues
+    assert [(i.file, i.line, i.field) for i in issues] == [("experiments/x.yaml", 30, "parallel.tp"),
+                                                          ("experiments/x.yaml", 30, "parallel.pp")]
+    assert "not executable" in issues[0].message and "set tp: 1" in issues[0].message
 
 
 def test_tp_divisibility_agrees_with_validate():

@@ -186,10 +186,11 @@ def test_the_capability_refuses_what_the_trainer_cannot_run_and_says_what_to_cha
     # A refused axis is reported once, by the refusal: how tp=3 would divide is moot.
     assert [f for f, _ in violations({**GPUS, "parallel": {"dp": 1, "tp": 3}, "resource.gpus_per_node": 3},
                                      capability=dp_only)] == ["parallel.tp"]
-    # The default is what the trainer runs (`TRAINER`): pipeline stages with data parallelism (DDP or FSDP), not TP.
+    # The default is what the trainer runs (`TRAINER`): pipeline stages with DDP or FSDP replicas and TP.
     assert rules.check(spec_with({**GPUS, "parallel": {"dp": 2, "pp": 2}, "train.grad_accum_steps": 2})) == []
-    tp_pp = rules.check(spec_with({**GPUS, "parallel": {"dp": 1, "tp": 2, "pp": 2}, "train.grad_accum_steps": 2}))
-    assert [v.path for v in tp_pp] == [("parallel", "pp")] and "set tp: 1" in tp_pp[0].message
+    assert rules.check(spec_with({**GPUS, "parallel": {"dp": 1, "tp": 2, "pp": 2}, "train.grad_accum_steps": 2})) == []
+    one = rules.check(spec_with({**GPUS, "parallel": {"dp": 1, "tp": 2, "pp": 2}, "train.grad_accum_steps": 1}))
+    assert [v.path for v in one] == [("train", "grad_accum_steps")] and "needs at least 2" in one[0].message
 
 
 def test_tp_divisibility_is_the_architectures_own():

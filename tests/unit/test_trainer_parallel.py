@@ -25,8 +25,10 @@ def test_topology_places_pipeline_stages_and_reads_rows_per_tp_group() -> None:
     from validation.errors import TrainingError
     from validation.spec import ParallelLayout
 
-    with pytest.raises(TrainingError, match="runs with data parallelism \\(DDP or FSDP\\) over the 4 processes only, not with tp"):
-        Topology.from_layout(ParallelLayout(dp=1, tp=2, pp=2), 4, 0)
+    with pytest.raises(TrainingError, match="pp=2 x tp=2 does not divide the 6 processes"):
+        Topology.from_layout(ParallelLayout(dp=1, tp=2, pp=2), 6, 0)
+    three = Topology.from_layout(ParallelLayout(dp=2, tp=2, pp=2), 8, 5)  # rank = (stage x dp + dp index) x tp + tp
+    assert (three.pp_rank, three.dp_rank, three.tp_rank, three.fsdp) == (1, 0, 1, True)
     staged = Topology.from_layout(ParallelLayout(dp=2, pp=2), 4, 1)  # rank = stage x dp + dp index
     assert (staged.dp, staged.pp, staged.dp_rank, staged.pp_rank, staged.sharded) == (2, 2, 1, 0, True)
     last = Topology.from_layout(ParallelLayout(dp=2, pp=2, fsdp=True), 4, 2)  # stages outermost: across nodes
