@@ -379,7 +379,8 @@ def _memory(spec: ExperimentSpec, dp: int, tp: int, pp: int, fsdp: bool, micro_b
     # The architecture's own count of what one block saves (models/<model_type>.py).
     per_layer = int(model.activation_bytes_per_layer(seq, micro_batch, element))
     unsplit = ACTIVATION_UNSPLIT_BYTES_BY_TP[train.precision]
-    replicated = int(unsplit * seq * micro_batch * hidden) if tp > 1 else 0
+    replicated = int(unsplit * seq * micro_batch * hidden
+                     + model.activation_bytes_whole_under_tp(seq, micro_batch, element)) if tp > 1 else 0
     per_layer = replicated + -(-(per_layer - replicated) // tp)
     layers_here = model.num_layers // pp
     recomputed = len(checkpointed_blocks(layers_here, checkpointing))
