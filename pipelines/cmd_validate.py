@@ -232,13 +232,15 @@ def plan(
 
 def _dry_run(spec: ExperimentSpec) -> tuple[dict[str, Any], str | None, list[str]]:
     """`trainer.dry_run` on `spec`: its JSON (or `{"error": ...}`), its text, and the failed checks."""
-    from trainer.dry_run import dry_run
+    from trainer.dry_run import DryRunUnavailable, dry_run
     from validation.errors import DryRunFailed
 
     try:
         result = dry_run(spec)
     except SpecError as exc:
         raise fail_issues(exc.issues) from None
+    except DryRunUnavailable as exc:
+        return {"skipped": str(exc)}, f"dry run: skipped: {exc}", []
     except DryRunFailed as exc:
         return {"error": str(exc)}, f"dry run: FAILED: {exc}", [str(exc)]
     return result.to_dict(), result.render_text(), result.problems()

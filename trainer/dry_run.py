@@ -198,6 +198,10 @@ def planned_spec(spec: ExperimentSpec) -> tuple[ExperimentSpec, Any]:
     return rebuild(spec, updates), plan
 
 
+class DryRunUnavailable(Exception):  # noqa: N818 - a state, not a failure of the layout
+    """The layout is one the dry run does not simulate: said, not failed (the plan stands alone)."""
+
+
 def dry_run(spec: ExperimentSpec, rank: int = 0) -> DryRun:
     """Simulate rank `rank` of the planned layout for one training step; see the module doc.
     Raises `DryRunFailed` when the layout fails at full size, `SpecError` when the plan refuses."""
@@ -208,6 +212,9 @@ def dry_run(spec: ExperimentSpec, rank: int = 0) -> DryRun:
     run_spec, plan = planned_spec(spec)
     layout = run_spec.parallel_layout()
     world = layout.dp * layout.tp * layout.pp
+    if layout.pp > 1:
+        raise DryRunUnavailable(f"pipeline stages (parallel.pp={layout.pp}) are not simulated by the dry run yet; "
+                                "the plan's memory (in-flight micro-batches and bubble included) is analytic only")
     if dist.is_initialized():
         raise DryRunFailed("dry run: a process group is already initialised in this process; run it on its own")
     # DTensor warns that clipping's norm over a 2-D mesh takes two all-reduces: true on a GPU,

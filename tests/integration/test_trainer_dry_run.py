@@ -26,14 +26,15 @@ MODEL = {"model_type": "llama", "hidden_size": 256, "num_layers": 2, "num_heads"
 
 
 def spec(parallel: dict[str, Any], model: dict[str, Any] | None = None) -> ExperimentSpec:
-    world = parallel.get("dp", 1) * parallel.get("tp", 1)
+    world = parallel.get("dp", 1) * parallel.get("tp", 1) * parallel.get("pp", 1)
     return ExperimentSpec.model_validate({
         "name": "dry-run-test", "owner": "ml-platform",
         "hypothesis": {"statement": "The planned layout trains this model within the device memory.",
                        "metric": "eval/loss", "direction": "decrease", "min_effect": 0.01, "baseline": "champion"},
         "model": MODEL | (model or {}),
         "data": {"sources": [{"name": "code", "path": "data/demo/code.jsonl", "weight": 1.0}], "seq_len": 256},
-        "train": {"max_steps": 100, "micro_batch_size": 2, "precision": "bf16"},
+        "train": {"max_steps": 100, "micro_batch_size": 2, "precision": "bf16",
+                  "grad_accum_steps": parallel.get("pp", 1)},
         "parallel": parallel,
         "resource": {"gpus_per_node": world, "gpu_type": "h100", "gpu_memory_gb": 80, "max_gpu_hours": 10},
     })
@@ -102,3 +103,12 @@ def test_a_tp_split_that_fails_only_at_full_width_is_refused_naming_module_and_d
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
     assert "'mlp.gate_proj'" in errors[0] and "700 output features" in errors[0] and "tp=8" in errors[0]
     assert "error" in json.loads(result.stdout)["dry_run"]
+
+
+def test_pipeline_stages_are_said_not_simulated_rather_than_measured_as_another_layout() -> None:
+    """The dry run does not cut stages: for pp > 1 it says so (the PR check's stage reads
+    "skipped") instead of measuring the unstaged model and calling it the planned layout."""
+    from trainer.dry_run import DryRunUnavailable, dry_run
+
+    with pytest.raises(DryRunUnavailable, match=r"pipeline stages \(parallel.pp=2\) are not simulated"):
+        dry_run(spec({"dp": 1, "pp": 2}))
