@@ -99,7 +99,7 @@ def pipeline_problem(model: Architecture) -> str | None:
 
 
 TRAINER = ExecutionCapability(gpu=frozenset({"dp", "fsdp", "tp", "pp"}), cpu=frozenset({"dp", "fsdp", "tp", "pp"}),
-                              pp_alone=True, plans_pp=False)
+                              pp_alone=True)
 """What `python -m trainer` executes today."""
 
 EVERY_LAYOUT = ExecutionCapability(gpu=frozenset(AXES), cpu=frozenset({"dp"}))

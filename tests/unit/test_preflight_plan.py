@@ -666,3 +666,15 @@ def test_plan_for_tiny_cpu_spec_is_small():
     assert (plan.parallel.dp, plan.parallel.on_gpu, plan.tier.name) == (2, False, "small")
     assert plan.warnings == ()
     assert "0 (CPU)" in render_plan_text(plan)
+
+
+def test_pipeline_stages_are_planned_only_when_no_layout_without_them_fits():
+    # Llama-2-7B on 2 x H100 for a trainer that runs dp and pp only: the whole model does not fit
+    # one device (112 GiB of fp32 states), two stages do; the global batch (1 x 8 x 2 rows) is kept
+    # by 16 micro-batches, enough for 1F1B's two in flight.
+    spec = make_spec(LLAMA_7B, train={"micro_batch_size": 1, "grad_accum_steps": 8, "precision": "bf16"},
+                     resource={"gpus_per_node": 2, "gpu_type": "h100", "gpu_memory_gb": 80})
+    staged = plan_parallel(spec, capability=ExecutionCapability(gpu=frozenset({"dp", "pp"}), cpu=frozenset({"dp"})))
+    assert (staged.dp, staged.tp, staged.pp, staged.micro_batch_size, staged.grad_accum_steps) == (1, 1, 2, 1, 16)
+    # With FSDP available (the trainer's own capability), sharding is preferred to stages.
+    assert plan_parallel(spec).pp == 1

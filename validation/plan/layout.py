@@ -189,6 +189,8 @@ def _candidates(
     # The architecture says which degrees split it (heads, kv heads, a declared TP plan).
     split = [t for t in range(2, gpn + 1) if gpn % t == 0 and spec.model.tp_problem(t) is None]
     tps = [1] + (sorted(split, reverse=True) if nodes > 1 else split) if "tp" in axes else [1]
+    # Pipeline stages are tried after every layout without them, fewest first (the trainer's
+    # ranks put them outermost: across nodes once there is a stage per node).
     pps = [p for p in range(1, layers + 1) if layers % p == 0] if "pp" in axes and capability.plans_pp else [1]
     for pp in pps:
         for tp in tps:
@@ -216,6 +218,8 @@ def _searched(
             if found is None:
                 continue
             micro, accum = found
+            if pp > 1 and accum < pp:  # 1F1B needs a micro-batch per stage in flight
+                continue
         else:
             micro, accum = micro_batch or spec.train.micro_batch_size, spec.train.grad_accum_steps
         # Plain DP tries checkpointing only when FSDP is not available to shard it instead.
