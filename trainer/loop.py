@@ -193,7 +193,8 @@ class Trainer:
         if topo.pp > 1:  # this rank's stages (trainer/pipeline_parallel.py); the holder has its parameters
             from trainer.pipeline_parallel import PipelineEngine
 
-            self.pipeline = PipelineEngine(spec, topo.world, topo.rank, self.device, tr.seed)
+            self.pipeline = PipelineEngine(spec, topo.world, topo.rank, self.device, tr.seed,
+                                           compile_backend="inductor" if tr.compile else None)
             self.raw_model: torch.nn.Module = self.pipeline.holder
         else:
             self.raw_model = build_model(spec, topo, self.device, tr.seed, init_from, mesh,
@@ -214,8 +215,6 @@ class Trainer:
         # train.compile: `build_model` compiled each block in place (every layout, before FSDP).
         # One path for all layouts, rather than the whole model when unsharded: the same graphs
         # and numbers in every layout, state-dict names without `_orig_mod.`, one compile per block type.
-        if tr.compile and self.pipeline is not None:
-            log.warning("train.compile is not applied to pipeline stages (parallel.pp > 1): they run eagerly")
         if self.pipeline is None:
             self.model, self.optimizer = acc.prepare(self.raw_model, self.optimizer)
         else:

@@ -157,6 +157,13 @@ def apply_compile(arch: Any, model: torch.nn.Module, backend: str = "inductor") 
     unchanged), after TP and activation checkpointing, before `fully_shard` (torchtitan's
     `apply_compile`). The blocks share one code object, so the first compiles and the others
     reuse its graph. Inductor on a CPU needs a C++ compiler: without one, one line, before any step."""
+    check_compiler(backend)
+    for block in arch.blocks(model):
+        block.compile(backend=backend)
+
+
+def check_compiler(backend: str) -> None:
+    """Inductor on a CPU needs a C++ compiler: without one, one line, before any step."""
     import os
     import shutil
 
@@ -166,8 +173,6 @@ def apply_compile(arch: Any, model: torch.nn.Module, backend: str = "inductor") 
     if backend == "inductor" and not torch.cuda.is_available() and shutil.which(cxx) is None:
         raise TrainingError(f"train.compile on a CPU needs a C++ compiler: '{cxx}' is not on PATH "
                             "(install g++ or set CXX; or set train.compile: false)")
-    for block in arch.blocks(model):
-        block.compile(backend=backend)
 
 
 # What each style splits: (weight dimension, what the dimension is called).

@@ -144,9 +144,11 @@ def _prune(arch: Any, model: Any, layout: StageLayout, keep: set[int]) -> None:
             module.register_buffer(pname, torch.zeros((), dtype=param.dtype).expand(param.shape), persistent=False)
 
 
-def build_stage(arch: Any, layout: StageLayout, stage: int, holder: Any, checkpointing: str = "none") -> Any:
+def build_stage(arch: Any, layout: StageLayout, stage: int, holder: Any, checkpointing: str = "none",
+                compile_backend: str | None = None) -> Any:
     """A model shell running stage `stage`, sharing the holder's parameters; its blocks among
-    those `train.activation_checkpointing` names (of the whole model) recompute in backward."""
+    those `train.activation_checkpointing` names (of the whole model) recompute in backward, and
+    each block's forward is compiled with `compile_backend` (`train.compile`: inductor)."""
     from accelerate import init_empty_weights
 
     from trainer.activation_checkpointing import checkpoint_forward
@@ -161,6 +163,15 @@ def build_stage(arch: Any, layout: StageLayout, stage: int, holder: Any, checkpo
     # switch, whose recomputation would replay the hooks too.
     for index in set(owned) & set(checkpointed_blocks(len(container), checkpointing)):
         checkpoint_forward(container[index])
+    if compile_backend:  # torchtitan's order: AC, then compile (TP and FSDP come after, in `_shard`)
+        import torch
+
+        from trainer.parallel import check_compiler
+
+        check_compiler(compile_backend)
+        for index in owned:  # the forward only: the stage's hooks stay outside the graph
+            block = container[index]
+            block.forward = torch.compile(block.forward, backend=compile_backend)
     first_block, last_block = container[owned[0]], container[owned[-1]]
     _prune(arch, shell, layout, {stage})
     holder_params = dict(holder.named_parameters(remove_duplicate=False))
@@ -282,7 +293,8 @@ def tied_names(spec: ExperimentSpec, holder: Any) -> list[str]:
 class PipelineEngine:
     """One rank's stages, schedule and process groups; `step` is trainer/step.py's counterpart."""
 
-    def __init__(self, spec: ExperimentSpec, world: int, rank: int, device: torch.device, seed: int):
+    def __init__(self, spec: ExperimentSpec, world: int, rank: int, device: torch.device, seed: int,
+                 compile_backend: str | None = None):
         import torch.distributed as dist
 
         layout = spec.parallel_layout()
@@ -318,8 +330,8 @@ class PipelineEngine:
                     self.ends_group = g
         self.holder = build_holder(spec, self.layout, device, seed)
         self.tied = tied_names(spec, self.holder)
-        self.stages = [build_stage(spec.model, self.layout, s, self.holder, spec.train.activation_checkpointing)
-                       for s in self.layout.my_stages()]
+        self.stages = [build_stage(spec.model, self.layout, s, self.holder, spec.train.activation_checkpointing,
+                                   compile_backend) for s in self.layout.my_stages()]
         # As trainer/parallel.py does: TP goes with FSDP over the replicas (all parameters DTensors,
         # one optimizer kernel; over one replica a no-op shard).
         self.fsdp = (layout.fsdp and self.dp > 1) or self.tp > 1

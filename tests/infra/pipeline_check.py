@@ -1,8 +1,9 @@
 """Pipeline stages against the one-process model, in one 2-rank launch (no trainer start-up).
 
 Run under `torch.distributed.run --nproc_per_node 2`; argv[1] is a JSON list of cases
-`{"model": {...}, "schedule": ..., "accum": n, "checkpointing": "none" | "selective" | "full"}`
-(the pipeline's activation checkpointing; the reference runs without). For each case both ranks build the
+`{"model": {...}, "schedule": ..., "accum": n, "checkpointing": "none" | "selective" | "full",
+"compile": backend or absent}` (the pipeline's activation checkpointing and per-block compile;
+the reference runs eagerly without). A compiled case also reports how many graphs dynamo made. For each case both ranks build the
 pipeline engine, rank 0 also the one-process model (same seed); two optimizer steps over
 the same packed micro-batches (positions restart mid-row, some labels -100), then one
 evaluation batch. Rank 0 prints one JSON line: per case, the pairs (pipeline, reference)
@@ -77,11 +78,12 @@ def run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
     spec = ExperimentSpec.model_validate(d)
     seq, vocab, seed = spec.data.seq_len, spec.model.vocab_size, spec.train.seed
     device = torch.device("cpu")
-    engine = PipelineEngine(spec, 2, rank, device, seed)
+    engine = PipelineEngine(spec, 2, rank, device, seed, compile_backend=case.get("compile"))
     # The blocks this rank recomputes are those the spec's checkpointing names among its own.
     mine = {i for s in engine.layout.my_stages() for i in engine.layout.split[s]}
     wrapped = {int(i) for stage in engine.stages for i, block in stage.shell.get_submodule(
-        _block_path(spec, stage.shell))._modules.items() if "forward" in block.__dict__}
+        _block_path(spec, stage.shell))._modules.items()
+        if getattr(getattr(block.forward, "_torchdynamo_orig_callable", block.forward), "recomputes", False)}
     assert wrapped == mine & set(checkpointed_blocks(spec.model.num_layers, case.get("checkpointing", "none"))), wrapped
     optimizer = build_optimizer(engine.holder, spec.train, spec.model)
     scheduler = build_scheduler(optimizer, spec.train, 10)
@@ -106,6 +108,11 @@ def run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
         staged = float(engine.eval_forward(tensors["input_ids"], tensors["position_ids"], tensors["labels"]))
         if rank == 0:
             out["eval"] = [(staged, float(ref(**tensors, use_cache=False).loss))]
+    if case.get("compile"):
+        from torch._dynamo.utils import counters
+
+        out["graphs"] = int(counters["stats"]["unique_graphs"])
+        counters.clear()
     return out
 
 

@@ -1,7 +1,8 @@
 """Pipeline parallelism (trainer/pipeline_parallel.py) on two gloo ranks against one process.
 
 One launch checks the stages of three architectures (llama tied, llama_qknorm, nanogpt), one
-schedule and activation checkpointing each (GPipe/none, 1F1B/selective, Interleaved 1F1B/full), against the one-process model: loss, gradient
+schedule and activation checkpointing each (GPipe/none with per-block compile (aot_eager),
+1F1B/selective, Interleaved 1F1B/full), against the one-process model: loss, gradient
 norm (clipped) over two optimizer steps and an eval loss (tests/infra/pipeline_check.py). One
 trainer run with pp 2 (1F1B), killed (SIGKILL of the first stage) and resumed from its DCP
 checkpoint, then matches the one-process trainer's logged losses, gradient norms and eval loss,
@@ -33,9 +34,10 @@ RUN: dict[str, Any] = {"max_steps": 3, "micro_batch_size": 2, "grad_accum_steps"
 def test_stages_of_three_architectures_match_one_process() -> None:
     cases = [{"model": json.loads(tiny(model_type, num_layers=4, vocab_size=384,
                                        max_position_embeddings=64).model_dump_json()),
-              "schedule": schedule, "accum": 2, "checkpointing": checkpointing}
-             for model_type, schedule, checkpointing in (("llama", "gpipe", "none"), ("llama_qknorm", "1f1b", "selective"),
-                                                         ("nanogpt", "interleaved_1f1b", "full"))]
+              "schedule": schedule, "accum": 2, "checkpointing": checkpointing, "compile": backend}
+             for model_type, schedule, checkpointing, backend in (
+                 ("llama", "gpipe", "none", "aot_eager"), ("llama_qknorm", "1f1b", "selective", None),
+                 ("nanogpt", "interleaved_1f1b", "full", None))]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
            str(free_port()), str(REPO / "tests" / "infra" / "pipeline_check.py"), json.dumps(cases)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
@@ -43,6 +45,7 @@ def test_stages_of_three_architectures_match_one_process() -> None:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(lines[0].removeprefix("RESULT "))
+    assert results[0]["graphs"] >= 1  # the llama case's blocks ran compiled (aot_eager: dynamo's graphs)
     for case, result in zip(cases, results, strict=True):
         for key in ("loss", "grad_norm", "eval"):
             for staged, reference in result[key]:
