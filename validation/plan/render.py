@@ -77,7 +77,8 @@ def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
     ]
 
 
-_PEAK_PHASE = {"loss": "loss's backward", "backward": "blocks' backward", "optimizer": "optimizer step"}
+_PEAK_PHASE = {"loss": "loss's backward", "last_block": "last block's backward (every activation still saved)",
+               "backward": "blocks' backward", "optimizer": "optimizer step"}
 
 
 def _checkpointing(plan: Plan) -> str:
