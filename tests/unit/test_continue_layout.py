@@ -166,6 +166,11 @@ def test_layout_words_say_fsdp_only_where_parameters_are_sharded() -> None:
     one = layout_record(world=1, dp=1, tp=1, shard=1)
     assert reshard_message(8, fsdp, one) == "resharded at step 8: 2 -> 1 processes (dp 2, fsdp -> dp 1)"
     assert reshard_message(8, one, dict(one)) is None
+    # Pipeline stages are part of the layout: one process -> pp 2 is a reshard; a checkpoint
+    # written before `pp` was recorded reads as pp 1.
+    staged = layout_record(world=2, dp=1, tp=1, shard=1, pp=2)
+    assert reshard_message(3, one, staged) == "resharded at step 3: 1 -> 2 processes (dp 1 -> dp 1 x pp 2)"
+    assert reshard_message(3, {k: v for k, v in one.items() if k != "pp"}, one) is None
 
 
 def test_the_cli_refuses_a_missing_run_directory_in_one_line(tmp_path: Path) -> None:
