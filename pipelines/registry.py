@@ -350,6 +350,8 @@ def attested_facts(client: Any, registry: TrustedRegistry | None, plan: Experime
                    sha: str, workflow_run_id: int) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
     """role -> facts of each run the report names (reused runs: the metrics attested earlier;
     runs trained by this job: as they are now, checked against the plan), and the problems."""
+    from pipelines.github.job_credentials import is_job_experiment
+
     by_role: dict[str, list[dict[str, Any]]] = {"candidate": [], "baseline": []}
     problems: list[str] = []
     champion = _champion_run(client) if "baseline" not in plan.facts else None
@@ -371,10 +373,16 @@ def attested_facts(client: Any, registry: TrustedRegistry | None, plan: Experime
                     by_role[role].append({**earlier[0], "reused": True})
                     continue
             facts = training_run_facts(client, rid)
-            tags = client.get_run(rid).data.tags
+            run = client.get_run(rid)
+            tags = run.data.tags
             own = check_run_facts(facts, code_version=str(expected.get("code_version")),
                                   spec_hashes={str(expected.get("spec_hash"))})
-            if tags.get("pipeline.git_sha") != sha or tags.get("pipeline.github_run_id") != str(workflow_run_id):
+            # This job's: in its own job experiment (only its user can write there; the flow
+            # tags `pipeline.github_run_id` on the candidate's runs only), or tagged with it.
+            in_job = is_job_experiment(client.get_experiment(run.info.experiment_id).name, plan.experiment,
+                                       workflow_run_id)
+            if tags.get("pipeline.git_sha") != sha or not (
+                    in_job or tags.get("pipeline.github_run_id") == str(workflow_run_id)):
                 own.append(f"run {rid} was not trained by this job (commit {sha[:12]}, workflow run {workflow_run_id})")
             problems += own
             if not own:

@@ -73,6 +73,15 @@ def load_hypothesis(spec_path: str | Path) -> dict[str, Any]:
     return spec.hypothesis.model_dump(mode="json")
 
 
+def _fetched_run(seed_dir: Path) -> str | None:
+    """The MLflow run a seed directory was fetched from (`fetched_from.json`), None if trained here."""
+    try:
+        data = json.loads((seed_dir / "fetched_from.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("mlflow_run_id") if isinstance(data, dict) else None
+
+
 def _records(items: Sequence[RunRecord | str | Path]) -> list[RunRecord]:
     return [item if isinstance(item, RunRecord) else record_from_run_dir(item) for item in items]
 
@@ -188,7 +197,12 @@ def build_report(
         full_path.write_text(render_markdown(report, mlflow_url=mlflow_url, max_chars=2**31), encoding="utf-8")
         files.insert(1, full_path)
     if mlflow_client is not None:
-        target = next((r.mlflow_run_id for r in report.candidates if r.mlflow_run_id), None)
+        # The first candidate run trained here: a run reused from another job (fetched from the
+        # tracking server, `fetched_from.json`: pipelines.tracked_runs) is that job's, and a
+        # job's own MLflow credential cannot write it (docs/operations.md section 4).
+        fetched = {_fetched_run(Path(c)) for c in candidates if isinstance(c, str | Path)}
+        target = next((r.mlflow_run_id for r in report.candidates if r.mlflow_run_id and r.mlflow_run_id not in fetched),
+                      None)
         if target:
             log_to_mlflow(mlflow_client, target, files)
     write_step_summary(markdown, env if env is not None else dict(os.environ))
