@@ -9,6 +9,13 @@ from pydantic import Field
 from models._hf import HFCausalLM
 
 
+GPT2_16BIT_ELEMENT_SHARE = 0.93
+"""GPT-2's blocks keep fewer fp32 tensors under autocast / FSDP's bf16 cast than the Llama family
+whose bytes per element the planner uses (validation/plan/memory.py): the dry run measured 2.09
+bytes per element on GPT-2 small under FSDP, 2.48 on Llama-3-8B (bench/RESULTS.md, "Plan
+calibration": GPT-2 XL under DDP in bf16 was 1.10 of the dry run without it)."""
+
+
 class Config(HFCausalLM):
     """A GPT-2 decoder: LayerNorm, learned positions, fused qkv projection, GELU MLP, biases."""
 
@@ -53,6 +60,8 @@ class Config(HFCausalLM):
         per_token = 8 * h + 5 * f + 2 * self.num_heads
         if self.attn_implementation == "eager":
             per_token += self.num_heads * s
+        if element_bytes < 4:  # 16-bit: fewer fp32 upcasts than the Llama family the bytes are fitted on
+            element_bytes *= GPT2_16BIT_ELEMENT_SHARE
         return per_token * s * b * element_bytes
 
     def smoke_overrides(self, vocab_size: int, seq_len: int) -> dict[str, Any]:
