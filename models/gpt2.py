@@ -8,7 +8,6 @@ from pydantic import Field
 
 from models._hf import HFCausalLM
 
-
 GPT2_16BIT_ELEMENT_SHARE = 0.93
 """GPT-2's blocks keep fewer fp32 tensors under autocast / FSDP's bf16 cast than the Llama family
 whose bytes per element the planner uses (validation/plan/memory.py): the dry run measured 2.09
