@@ -83,7 +83,7 @@ class Topology:
             if world % (layout.pp * layout.tp):
                 raise TrainingError(f"parallel.pp={layout.pp} x tp={layout.tp} does not divide the {world} processes")
             dp = world // (layout.pp * layout.tp)
-            fsdp = (layout.fsdp and dp > 1) or layout.tp > 1  # as PipelineEngine shards
+            fsdp = (layout.fsdp and dp > 1) or layout.tp > 1  # TP goes with FSDP, as below
             return Topology(world=world, rank=rank, dp=dp, tp=layout.tp, fsdp=fsdp, pp=layout.pp)
         tp = layout.tp
         if world % tp:

@@ -276,18 +276,23 @@ def build_holder(spec: ExperimentSpec, layout: StageLayout, device: torch.device
     return holder
 
 
-def tied_names(spec: ExperimentSpec, holder: Any) -> list[str]:
-    """This rank's parameters that are one tensor with another stage's (tied embedding / head)."""
+def tied_groups(arch: Any) -> list[list[str]]:
+    """The names of each tensor the built model holds under more than one name (a tied input
+    embedding and LM head), the first as the model lists it (the embedding)."""
     from accelerate import init_empty_weights
 
     with init_empty_weights(include_buffers=False):
-        full: Any = spec.model.build()
-    full = tied_model(spec.model, full)
+        full: Any = arch.build()
     groups: dict[int, list[str]] = {}
-    for name, param in full.named_parameters(remove_duplicate=False):
+    for name, param in tied_model(arch, full).named_parameters(remove_duplicate=False):
         groups.setdefault(id(param), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def tied_names(spec: ExperimentSpec, holder: Any) -> list[str]:
+    """This rank's parameters that are one tensor with another stage's (tied embedding / head)."""
     mine = dict(holder.named_parameters())
-    return [n for names in groups.values() if len(names) > 1 for n in names if n in mine]
+    return [n for names in tied_groups(spec.model) for n in names if n in mine]
 
 
 class PipelineEngine:
@@ -297,14 +302,14 @@ class PipelineEngine:
                  compile_backend: str | None = None):
         import torch.distributed as dist
 
+        from trainer.parallel import Topology
+
         layout = spec.parallel_layout()
-        self.pp, self.tp, self.schedule_name = layout.pp, layout.tp, layout.pp_schedule
-        if world % (self.pp * self.tp):
-            raise TrainingError(f"parallel.pp={self.pp} x tp={self.tp} does not divide the {world} processes")
-        self.dp = world // (self.pp * self.tp)
+        # Stage outermost, TP innermost, and whether the stages are FSDP-sharded: the topology's.
+        topo = Topology.from_layout(layout, world, rank)
+        self.pp, self.tp, self.dp, self.schedule_name = topo.pp, topo.tp, topo.dp, layout.pp_schedule
         self.rank, self.world, self.device = rank, world, device
-        # Stage outermost, TP innermost (trainer/parallel.py `Topology`): TP inside a node.
-        self.pp_rank, self.dp_rank, self.tp_rank = rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+        self.pp_rank, self.dp_rank, self.tp_rank = topo.pp_rank, topo.dp_rank, topo.tp_rank
         virtual = 2 if self.schedule_name == "interleaved_1f1b" else 1
         split = stage_split(spec.model.num_layers, self.pp * virtual, layout.pp_split)
         self.layout = StageLayout(self.pp, virtual, split, self.pp_rank)
@@ -332,9 +337,9 @@ class PipelineEngine:
         self.tied = tied_names(spec, self.holder)
         self.stages = [build_stage(spec.model, self.layout, s, self.holder, spec.train.activation_checkpointing,
                                    compile_backend) for s in self.layout.my_stages()]
-        # As trainer/parallel.py does: TP goes with FSDP over the replicas (all parameters DTensors,
+        # TP goes with FSDP over the replicas (`Topology.from_layout`: all parameters DTensors,
         # one optimizer kernel; over one replica a no-op shard).
-        self.fsdp = (layout.fsdp and self.dp > 1) or self.tp > 1
+        self.fsdp = topo.fsdp
         if self.fsdp:
             self._shard(spec)
         self.schedule: Any = None

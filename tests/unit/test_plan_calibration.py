@@ -51,3 +51,16 @@ def test_analytic_matches_the_recorded_dry_run(key: tuple[str, str, str, str]):
             continue
         assert abs(now["analytic"][name] - tracked) <= bench.GOAL * total, (
             f"{key}: {name} analytic {now['analytic'][name]:.2f} GiB, tracked {tracked:.2f} GiB")
+
+
+MEASURED = [r for r in RECORDED["rows"] if "tracked_gib" in r]
+
+
+@pytest.mark.parametrize("row", MEASURED, ids=lambda r: "-".join((r["model"], r["layout"], r["precision"],
+                                                                   r["checkpointing"])))
+def test_every_measured_row_is_within_the_goal(row: dict[str, Any]):
+    """The whole table (issue 29: every row within 10 %), with today's formula: the grouped-query
+    k/v repeat, FSDP's last-block moment, an MoE's routed copies under TP, the fp32 bytes TP leaves
+    whole and GPT-2's 16-bit share each moved rows that were outside back in."""
+    now = bench.analytic_row(row)
+    assert abs(now["ratio"] - 1) <= bench.GOAL, f"analytic/tracked {now['ratio']:.3f}"

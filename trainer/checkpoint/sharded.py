@@ -92,18 +92,11 @@ def indexed_groups(keys: set[str]) -> bool:
 def tied_aliases(model: torch.nn.Module, arch: Any) -> dict[str, str]:
     """Each tied parameter name -> the name the one-model layouts key it by (the first of its
     names, the input embedding): a pipeline's last stage holds the LM head as its own tensor."""
-    from accelerate import init_empty_weights
-
-    from trainer.pipeline_parallel import tied_model
+    from trainer.pipeline_parallel import tied_groups
 
     if not getattr(model, "pipeline_stages", False) or not arch.tie_word_embeddings:
         return {}
-    with init_empty_weights(include_buffers=False):
-        full: Any = arch.build()
-    groups: dict[int, list[str]] = {}
-    for name, param in tied_model(arch, full).named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
-    return {alias: names[0] for names in groups.values() for alias in names[1:]}
+    return {alias: names[0] for names in tied_groups(arch) for alias in names[1:]}
 
 
 def _aliased(key: str, keys: set[str], aliases: dict[str, str]) -> str | None:
