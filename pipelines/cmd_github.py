@@ -27,7 +27,7 @@ runners_app = typer.Typer(help="Self-hosted runners: list, just-in-time registra
 provenance_app = typer.Typer(help="Trusted provenance in MLflow: users, store, registered model.",
                               no_args_is_help=True)
 
-job_credential_app = typer.Typer(help="One MLflow user per training job (pipelines/github/job_credentials.py).",
+job_credential_app = typer.Typer(help="One MLflow user per training job (pipelines/trusted/job_identity.py).",
                                   no_args_is_help=True)
 
 RepoOpt = Annotated[str | None, typer.Option("--repo", help="owner/name (default: $GITHUB_REPOSITORY).")]
@@ -245,8 +245,8 @@ def promote(
 
     def run() -> None:
         from pipelines.github.events import PullRequestEvent, PushEvent, load_event
-        from pipelines.github.promote import MlflowPromotion, promote_merged, promote_push
-        from pipelines.github.provenance import ProvenanceLookup
+        from pipelines.trusted.promote import MlflowPromotion, promote_merged, promote_push
+        from pipelines.trusted.provenance import ProvenanceLookup
 
         path = event_path or os.environ.get("GITHUB_EVENT_PATH")
         if not path:
@@ -261,7 +261,7 @@ def promote(
         config = _config(repo, event.repo)
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
         mlflow = MlflowPromotion(uri, model_name)
-        # Which run to promote comes from the attestations only (pipelines/github/provenance.py).
+        # Which run to promote comes from the attestations only (pipelines/trusted/provenance.py).
         lookup = ProvenanceLookup(uri, os.environ.get("MLFLOW_PROVENANCE_EXPERIMENT_ID") or None)
         kw: dict[str, Any] = dict(model_name=model_name, required_approvals=required_approvals,
                                   bot_login=config.bot_login)
@@ -300,7 +300,7 @@ def attest(
     write the attestation promotion reads. Exit 10 when the claims do not match."""
 
     def run() -> None:
-        from pipelines.github.provenance import AttestationRefused, attest, read_result, shown
+        from pipelines.trusted.provenance import AttestationRefused, attest, read_result, shown
 
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
         try:
@@ -340,7 +340,7 @@ def provenance_setup(
     to set as the repository variable MLFLOW_PROVENANCE_EXPERIMENT_ID."""
 
     def run() -> None:
-        from pipelines.github.provenance import setup
+        from pipelines.trusted.provenance import setup
 
         def env(name: str) -> str:
             value = os.environ.get(name)
@@ -364,9 +364,9 @@ def plan_launch(
     pr: Annotated[int, typer.Option("--pr")],
     out: Annotated[Path, typer.Option("--out")],
 ) -> None:
-    """The trusted launch plan (= `python -m pipelines.registry plan`): which attested runs are
+    """The trusted launch plan (= `python -m pipelines.trusted.registry plan`): which attested runs are
     reused and which seeds each claim gets, before any PR code runs."""
-    from pipelines.registry import main
+    from pipelines.trusted.registry import main
 
     argv = ["plan", "--checkout", str(checkout), "--sha", sha, "--pr", str(pr), "--out", str(out)]
     for name in experiment:
@@ -392,7 +392,7 @@ def job_credential_create(experiments: ExperimentsOpt, tracking_uri: TrackingOpt
     def run() -> None:
         import json
 
-        from pipelines.github import job_credentials as jc
+        from pipelines.trusted import job_identity as jc
 
         names = jc.parse_experiments(experiments)
         if not jc.has_users(tracking_uri):  # a local store (the act tests, a laptop): no users to make
@@ -424,7 +424,7 @@ def job_credential_revoke(experiments: ExperimentsOpt, tracking_uri: TrackingOpt
     def run() -> None:
         import json
 
-        from pipelines.github import job_credentials as jc
+        from pipelines.trusted import job_identity as jc
 
         try:
             named = [u for u in json.loads(users or "[]") if isinstance(u, str)]

@@ -67,7 +67,7 @@ def tag_verdict(experiment: str, seed_dirs: Sequence[Path], outcome: str | None,
         if run_id and trained_for in (None, experiment):
             try:
                 client.set_tag(run_id, "pipeline.verdict", str(outcome))
-                # Provenance for promotion (pipelines/github/promote.py): the PR and the
+                # Provenance for promotion (pipelines/trusted/promote.py): the PR and the
                 # train workflow's run, which promotion checks against the GitHub API.
                 if pr:
                     client.set_tag(run_id, "pipeline.pr", str(pr))

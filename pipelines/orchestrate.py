@@ -156,7 +156,7 @@ class ExperimentFlow:
 
         spec = resolved.spec
         planned = self._planned(spec.name)
-        if planned is not None:  # trusted code chose them before launch (pipelines.registry)
+        if planned is not None:  # trusted code chose them before launch (pipelines.trusted.registry)
             seeds = list(planned.seeds)
             return resolved if seeds == list(resolved.seeds) else resolve(spec_path, self.repo, seeds=seeds)
         claim = prereg.claim_key(spec)
@@ -186,7 +186,7 @@ class ExperimentFlow:
     @staticmethod
     def _planned(experiment: str) -> Any:
         """This experiment's part of the launch plan the job was given (None on a laptop)."""
-        from pipelines.registry import launch_plan
+        from pipelines.launch_plan import launch_plan
 
         plan = launch_plan()
         return plan.for_experiment(experiment) if plan is not None else None
@@ -467,7 +467,7 @@ class ExperimentFlow:
         """A finished run under runs/, unless a launch plan says which runs may be reused: runs/
         on a runner's shared storage is written by every job's (PR) code, so then only a run
         whose MLflow run the plan names counts (the attest job checks the same ids)."""
-        from pipelines.registry import launch_plan
+        from pipelines.launch_plan import launch_plan
 
         if existing is None:
             return None
@@ -481,7 +481,7 @@ class ExperimentFlow:
         """With a launch plan, a seed directory this job did not make (another job's, on shared
         storage) is neither resumed nor reused: it is renamed aside and the seed trains afresh.
         Continuing another job's checkpoints is `--continue-from`, said explicitly."""
-        from pipelines.registry import launch_plan
+        from pipelines.launch_plan import launch_plan
 
         if not seed_dir.exists() or launch_plan() is None:
             return
@@ -494,7 +494,7 @@ class ExperimentFlow:
         fetched into `dest` (pipelines.tracked_runs); with a launch plan, only a run it names."""
         if self.tracking_uri == "none":
             return None
-        from pipelines.registry import launch_plan
+        from pipelines.launch_plan import launch_plan
 
         plan = launch_plan()
         allowed = plan.reusable_runs() if plan is not None else None

@@ -12,7 +12,7 @@ A fetched directory has no checkpoints (it cannot be `--continue-from`'d; it is 
 says where it came from in `fetched_from.json`. It appears at once and whole (downloaded into
 a hidden sibling, then one rename), so a reader never sees half of one.
 
-With a launch plan (`pipelines.registry`, the GitHub flow with a provenance store), only the
+With a launch plan (`pipelines.trusted.registry`, the GitHub flow with a provenance store), only the
 MLflow runs the plan names are reused: trusted code decided them before any PR code ran.
 MLflow is best effort: an unreachable server means "not found", and the run is trained.
 """

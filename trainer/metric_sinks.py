@@ -235,7 +235,7 @@ class MlflowSink:
         _quiet_http()
         self.tracking_uri = tracking_uri
         # On GitHub every run of a training job goes to the job's own MLflow experiment, the
-        # only one its credential may write (pipelines/github/job_credentials.py).
+        # only one its credential may write (pipelines/trusted/job_identity.py).
         job_experiment = os.environ.get("PIPELINE_MLFLOW_EXPERIMENT")
         self.experiment = job_experiment or experiment
         self.run_dir = Path(run_dir)

@@ -1,4 +1,4 @@
-"""The code host: PyGithub adapter, sticky comment, webhook events, ChatOps, promotion, runners.
+"""The code host: PyGithub adapter, sticky comment, webhook events, ChatOps, runners.
 
 Import the submodules directly (`from pipelines.github.comment import StickyComment`);
 this package imports nothing heavy so `pipeline --help` stays fast.
@@ -9,10 +9,9 @@ this package imports nothing heavy so `pipeline --help` stays fast.
   events      webhook payloads (`$GITHUB_EVENT_PATH`) parsed into small typed events (pure)
   chatops     `/train`, `/cancel`, `/retry` in PR comments: parsed as GitHub renders them, who may
               trigger asked of the API, bound to the validated head SHA
-  promote     promotion on merge: the gates (pure) and the MLflow registry move
-  provenance  trusted attestations of training runs, written by the default branch's `attest` job
-              and the only thing promotion reads
   cancel      `/cancel` through the Actions API: the trusted runs training a PR's experiment
   runners     self-hosted runners: capacity before a launch, listing, pruning offline ones
   ephemeral-runner.sh  one just-in-time runner for the length of one job (e.g. as a Slurm job)
+
+Promotion, provenance and job identities are trusted-only code: pipelines/trusted/.
 """

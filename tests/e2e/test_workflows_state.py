@@ -39,7 +39,7 @@ import pytest
 
 from pipelines.github.client import PyGithubHost
 from pipelines.github.comment import StickyComment
-from pipelines.registry import CONFIRMATORY, EXPLORATORY, ExperimentPlan, LaunchPlan
+from pipelines.launch_plan import CONFIRMATORY, EXPLORATORY, ExperimentPlan, LaunchPlan
 from pipelines.tracked_runs import FETCHED_FILE
 from tests.infra.github_emulator import GitHubEmulator, emulator_config
 from tests.infra.mlflow_auth_server import MlflowAuthServer
@@ -362,7 +362,7 @@ def test_a_rename_with_new_seeds_after_an_inconclusive_registration_is_explorato
 @pytest.mark.timeout(600)
 def test_a_training_job_that_forges_the_trusted_side_changes_nothing_attest_or_promotion_reads(
         lab: Lab, renamed: tuple[Launch, dict[str, Any]]) -> None:
-    from pipelines.github.provenance import ProvenanceLookup
+    from pipelines.trusted.provenance import ProvenanceLookup
 
     launch, before = renamed
     temp = launch.results["train"].workspace.parent / "_temp"  # type: ignore[union-attr]

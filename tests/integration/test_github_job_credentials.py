@@ -1,5 +1,5 @@
 """A credential per training job (issue 28 item 3) against a real `mlflow server --app-name
-basic-auth` (default permission READ): the broker (`pipelines.github.job_credentials`, admin
+basic-auth` (default permission READ): the broker (`pipelines.trusted.job_identity`, admin
 credential) makes one user per job with EDIT on the job's own experiment only."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.github import job_credentials as jc
+from pipelines.trusted import job_identity as jc
 from tests.infra.mlflow_auth_server import MlflowAuthServer
 from validation.environment import scoped_environ
 from validation.errors import UsageError

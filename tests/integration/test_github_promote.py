@@ -1,6 +1,6 @@
 """Promotion on merge through PyGithub (emulator) and a real MLflow registry (sqlite store):
 alias `champion` moves, `previous-champion` kept.
-Runs count only through an attestation (pipelines/github/provenance.py; the trust boundary
+Runs count only through an attestation (pipelines/trusted/provenance.py; the trust boundary
 itself is tested against an auth-enabled server in test_github_provenance.py)."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import pytest
 
 from pipelines.github.client import PyGithubHost
 from pipelines.github.events import PullRequestEvent, PullRequestRef
-from pipelines.github.promote import (
+from pipelines.trusted.promote import (
     CHAMPION,
     PREVIOUS,
     MlflowPromotion,
     TrainingRecord,
     promote_merged,
 )
-from pipelines.github.provenance import ProvenanceLookup
+from pipelines.trusted.provenance import ProvenanceLookup
 from tests.infra.github_emulator import REPO, SHA_A, SHA_B, GitHubEmulator, emulated_repo, emulator_config
 
 EXP = "rope-theta"
@@ -73,7 +73,7 @@ def train_run(uri: str, tmp: Path, sha: str, outcome: str | None, status: str = 
         client.log_artifact(run.info.run_id, str(report / "result.json"), "report")
     client.set_terminated(run.info.run_id, status)
     if run_id is not None:  # the trusted attest job of that workflow run vouches for it
-        from pipelines.github.provenance import attest
+        from pipelines.trusted.provenance import attest
 
         attest(tracking_uri=uri, pr=pr, sha=sha, experiment=exp_name, workflow_run_id=run_id,
                result={"candidate_runs": [{"mlflow_run_id": run.info.run_id}], "verdict": {"outcome": outcome},

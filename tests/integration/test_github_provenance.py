@@ -1,6 +1,6 @@
 """Trusted provenance against a real `mlflow server --app-name basic-auth` on 127.0.0.1.
 
-Users as deployed (pipelines/github/provenance.py, docs/operations.md): `trainer` (the
+Users as deployed (pipelines/trusted/provenance.py, docs/operations.md): `trainer` (the
 training job, PR code) and `attestor` (the trusted attest and promote jobs), made by
 `pipeline provenance setup`; the server's default permission is READ. The review's proof of
 concept is replayed as a training job would: PR A's training forges a record for PR B (B's
@@ -28,8 +28,8 @@ import pytest
 
 from pipelines.github.client import PyGithubHost
 from pipelines.github.events import PullRequestEvent, PullRequestRef
-from pipelines.github.promote import CHAMPION, MlflowPromotion, promote_merged
-from pipelines.github.provenance import (
+from pipelines.trusted.promote import CHAMPION, MlflowPromotion, promote_merged
+from pipelines.trusted.provenance import (
     AttestationRefused,
     ProvenanceLookup,
     attest,
@@ -279,7 +279,7 @@ def test_attest_refuses_claims_that_do_not_match(server: tuple[str, str], tmp_pa
 
 
 def test_result_json_is_read_as_data(tmp_path: Path) -> None:
-    from pipelines.github.provenance import read_result
+    from pipelines.trusted.provenance import read_result
 
     (tmp_path / "result.json").write_text(json.dumps([1]))
     with pytest.raises(AttestationRefused):
@@ -311,7 +311,7 @@ def test_promotion_never_creates_the_registered_model_on_a_server(server: tuple[
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from pipelines.github.promote import TrainingRecord
+    from pipelines.trusted.promote import TrainingRecord
     from validation.errors import PromotionRefused
 
     uri, _ = server

@@ -24,8 +24,8 @@ from pipelines.github.comment import (
     strip_header,
 )
 from pipelines.github.events import PushEvent
-from pipelines.github.promote import MlflowPromotion, promote_push
-from pipelines.github.provenance import ProvenanceLookup, attest
+from pipelines.trusted.promote import MlflowPromotion, promote_push
+from pipelines.trusted.provenance import ProvenanceLookup, attest
 from tests.infra.github_emulator import REPO, SHA_A, SHA_B, GitHubEmulator, emulated_repo, emulator_config
 
 EXP = "rope-theta"
@@ -79,7 +79,7 @@ def train_run(uri: str, tmp: Path, exp: str, outcome: str, *, pr: int | None, ru
     client.set_terminated(run.info.run_id, "FINISHED")
     if pr is not None and run_id is not None:
         # What the trusted attest job of workflow run `run_id` writes for PR `pr`; promotion
-        # reads nothing else (pipelines/github/provenance.py).
+        # reads nothing else (pipelines/trusted/provenance.py).
         attest(tracking_uri=uri, pr=pr, sha=SHA_A, experiment=exp, workflow_run_id=run_id,
                result={"candidate_runs": [{"mlflow_run_id": run.info.run_id}], "verdict": {"outcome": outcome}})
     return run.info.run_id

@@ -6,7 +6,7 @@ for the module):
 - two launches through the trusted registry (the approved commit checked out as data): the
   plan decides seeds and reuse before any PR code runs, the attest step computes the verdict
   from attested metrics and records the launch, and the next plan reuses the attested runs
-  (`pipelines.registry`)."""
+  (`pipelines.trusted.registry`)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.github.provenance import PROVENANCE_EXPERIMENT, attest
 from pipelines.identity import CodeVersion, RunIdentity
 from pipelines.orchestrate import ExperimentFlow, Reporter, RunOptions
-from pipelines.registry import (
+from pipelines.rundir import finished_training_runs, read_json
+from pipelines.tracked_runs import FETCHED_FILE, RECORD_TAG
+from pipelines.trusted.provenance import PROVENANCE_EXPERIMENT, attest
+from pipelines.trusted.registry import (
     CONFIRMATORY,
     EXPLORATORY,
     LaunchPlan,
@@ -30,8 +32,6 @@ from pipelines.registry import (
     main,
     plan_launch,
 )
-from pipelines.rundir import finished_training_runs, read_json
-from pipelines.tracked_runs import FETCHED_FILE, RECORD_TAG
 from tests.infra.mlflow_server import MlflowServer
 from tests.infra.tiny_experiments import BASE, CANDIDATE
 

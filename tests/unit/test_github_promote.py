@@ -5,7 +5,7 @@ lists."""
 from __future__ import annotations
 
 from pipelines.github.client import LabelEvent, Review
-from pipelines.github.promote import (
+from pipelines.trusted.promote import (
     TrainingRecord,
     check_gates,
     counted_approvals,

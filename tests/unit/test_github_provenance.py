@@ -5,7 +5,7 @@ runs against a real auth-enabled MLflow server in tests/integration/test_github_
 
 from __future__ import annotations
 
-from pipelines.github.provenance import check_training_run
+from pipelines.trusted.provenance import check_training_run
 from tests.infra.github_emulator import SHA_A, SHA_B
 
 

@@ -29,8 +29,8 @@ from pipelines.github.client import (
     Review,
     WorkflowRunInfo,
 )
-from pipelines.github.promote import TrainingRecord, promote_pull
-from pipelines.github.provenance import AttestationRefused, check_training_run
+from pipelines.trusted.promote import TrainingRecord, promote_pull
+from pipelines.trusted.provenance import AttestationRefused, check_training_run
 from tests.infra.github_emulator import REPO, SHA_A
 
 EXP = "rope-theta"
@@ -81,7 +81,7 @@ class FakeMlflow:
                                       "s3://someone-elses-bucket/x"])
 def test_attest_refuses_an_artifact_location_outside_the_server_before_any_download(
         monkeypatch: pytest.MonkeyPatch, location: str) -> None:
-    from pipelines.github import provenance
+    from pipelines.trusted import provenance
 
     fake = FakeMlflow(location)
     monkeypatch.setattr(provenance, "_client", lambda uri: fake)
@@ -98,7 +98,7 @@ def test_attest_refuses_an_artifact_location_outside_the_server_before_any_downl
 
 
 def test_artifact_locations_allowed_per_store() -> None:
-    from pipelines.github.provenance import artifact_location_problem
+    from pipelines.trusted.provenance import artifact_location_problem
 
     server = "https://mlflow.internal"
     assert artifact_location_problem("mlflow-artifacts:/1/r/artifacts", server) is None
@@ -121,7 +121,7 @@ def test_names_from_mlflow_are_escaped_in_reasons() -> None:
                                     "pipeline.github_run_id": "1"}, experiment=EXP, sha=SHA_A, workflow_run_id=1)
     assert "\n" not in problem and "::" not in problem and "@" not in problem and "<" not in problem
     assert "`x`" not in problem and "](" not in problem
-    from pipelines.github.provenance import shown
+    from pipelines.trusted.provenance import shown
 
     assert shown("rope-theta v2.1_x") == "rope-theta v2.1_x"
 
@@ -130,7 +130,7 @@ def test_pipeline_attest_writes_one_inert_line(monkeypatch: pytest.MonkeyPatch, 
     from typer.testing import CliRunner
 
     from pipelines import cli
-    from pipelines.github import provenance
+    from pipelines.trusted import provenance
 
     def refuse(**kw: Any) -> None:
         raise AttestationRefused(f"run r is in MLflow experiment `{HOSTILE}`")

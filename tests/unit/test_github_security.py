@@ -15,7 +15,7 @@ from pipelines.github.comment import (
     GITHUB_COMMENT_LIMIT,
     fit_markdown,
 )
-from pipelines.github.promote import outstanding_change_requests
+from pipelines.trusted.promote import outstanding_change_requests
 from tests.infra.github_emulator import SHA_A, SHA_B
 
 EXP = "rope-theta"

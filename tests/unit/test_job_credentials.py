@@ -1,4 +1,4 @@
-"""The per-job MLflow credential's pure parts (pipelines/github/job_credentials.py) and the
+"""The per-job MLflow credential's pure parts (pipelines/trusted/job_identity.py) and the
 places that honour the job's experiment; the server side is tests/integration/test_github_job_credentials.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.github import job_credentials as jc
+from pipelines.trusted import job_identity as jc
 from validation.errors import UsageError
 
 
@@ -45,7 +45,7 @@ def test_names_are_validated_and_bound_to_the_workflow_run() -> None:
 
 
 def test_attestation_accepts_the_jobs_own_experiment_only() -> None:
-    from pipelines.github.provenance import check_training_run
+    from pipelines.trusted.provenance import check_training_run
 
     tags = {"pipeline.git_sha": "a" * 40, "pipeline.github_run_id": "12"}
     kw = {"run_id": "r", "tags": tags, "experiment": "exp-a", "sha": "a" * 40, "workflow_run_id": 12}

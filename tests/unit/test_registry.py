@@ -1,4 +1,4 @@
-"""The trusted registry's decisions (pipelines.registry), pure: which seeds a claim gets, which
+"""The trusted registry's decisions (pipelines.trusted.registry), pure: which seeds a claim gets, which
 attested runs a launch may reuse, which trained runs may be recorded as reusable, and the plan
 handed to the GPU job as data."""
 
@@ -12,7 +12,7 @@ import scipy.stats  # noqa: F401 - the verdict's lazy import, paid at collection
 
 from pipelines.identity import CodeVersion, RunIdentity
 from pipelines.orchestrate import ExperimentFlow, RunOptions
-from pipelines.registry import (
+from pipelines.trusted.registry import (
     CONFIRMATORY,
     EXPLORATORY,
     PILOT,

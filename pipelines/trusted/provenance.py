@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pipelines.github.promote import RunFilter, TrainingRecord
-from pipelines.registry import (  # the registry reads them too
+from pipelines.trusted.promote import RunFilter, TrainingRecord
+from pipelines.trusted.registry import (  # the registry reads them too
     _NAME,
     _SHA,
     ATTESTED_BY,
@@ -102,7 +102,7 @@ def check_training_run(
 ) -> list[str]:
     """Why this MLflow run is not the training the attestation is for ([] = it is)."""
     problems = []
-    from pipelines.github.job_credentials import is_job_experiment
+    from pipelines.trusted.job_identity import is_job_experiment
 
     if experiment_name != experiment and not is_job_experiment(experiment_name, experiment, workflow_run_id):
         problems.append(f"run {run_id} is in MLflow experiment {shown(experiment_name)!r}, not `{experiment}`")
@@ -167,7 +167,7 @@ def attest(
 ) -> Attestation:
     """Check the training job's claims against MLflow and write the attestation (attestor credential).
 
-    With the launch plan (`pipelines.registry.ExperimentPlan`, from the trusted `plan` job) the
+    With the launch plan (`pipelines.trusted.registry.ExperimentPlan`, from the trusted `plan` job) the
     verdict recorded is the one trusted code computes from the attested metrics against the
     claim's registration (the report's own is kept as `pipeline.reported_verdict`), candidate
     runs the plan let the job reuse need not be this job's, and the launch goes into the
@@ -182,7 +182,7 @@ def attest(
     problems: list[str] = []
     statuses = []
     if plan is None:  # the attest job names the plan file the trusted `plan` job wrote
-        from pipelines.registry import launch_plan, trusted_code_at
+        from pipelines.trusted.registry import launch_plan, trusted_code_at
 
         given = launch_plan()
         plan = given.for_experiment(experiment) if given is not None and given.sha == sha else None
@@ -207,7 +207,7 @@ def attest(
     verdict = verdict_of(result)
     trusted = None
     if plan is not None:
-        from pipelines.registry import TrustedRegistry, attested_facts, trusted_verdict
+        from pipelines.trusted.registry import TrustedRegistry, attested_facts, trusted_verdict
 
         registry = TrustedRegistry(client, store)
         facts, fact_problems = attested_facts(client, registry, plan, result, sha=sha, workflow_run_id=workflow_run_id)
@@ -235,7 +235,7 @@ def attest(
         raise
     client.set_terminated(run.info.run_id, "FINISHED")
     if trusted is not None:
-        from pipelines.registry import record_attested
+        from pipelines.trusted.registry import record_attested
 
         record_attested(registry, plan, facts, pr=pr, sha=sha, attestation_run_id=run.info.run_id,
                         trusted_code=trusted_code)

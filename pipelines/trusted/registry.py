@@ -1,7 +1,7 @@
 """The trusted registry: what every GPU job may reuse and which seeds a claim gets, decided by
 default-branch code before any PR code runs, and kept where only the attestor writes.
 
-The store is the MLflow provenance experiment (`pipelines.github.provenance`): the training
+The store is the MLflow provenance experiment (`pipelines.trusted.provenance`): the training
 job's credential can only read it. Beside the attestations it holds append-only records, each
 one MLflow run tagged `pipeline.registry=<kind>`:
 
@@ -34,10 +34,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipelines.launch_plan import (  # the plan's data types, shared with the training side
+    CONFIRMATORY,
+    EXPLORATORY,
+    PILOT,
+    PLAN_ENV,
+    ExperimentPlan,
+    LaunchPlan,
+    launch_plan,
+)
 from validation.errors import UsageError
 
 PROVENANCE_EXPERIMENT = "pipeline-provenance"
@@ -47,81 +56,8 @@ _SHA = re.compile(r"^[0-9a-f]{40}$")
 # Experiment names are validated slugs (validation/files.py); they go into a filter string.
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 
-PLAN_ENV = "PIPELINE_LAUNCH_PLAN"
 KIND_TAG = "pipeline.registry"
-CONFIRMATORY, EXPLORATORY, PILOT = "confirmatory", "exploratory", "pilot"
 _HEX = re.compile(r"^[0-9a-f]{8,64}$")
-
-
-# --------------------------------------------------------------------------- the plan (data)
-
-
-@dataclass(frozen=True)
-class ExperimentPlan:
-    """What trusted code decided for one experiment of a launch."""
-
-    experiment: str
-    claim: str
-    kind: str
-    """confirmatory (decides the claim), exploratory (shown, decides nothing) or pilot."""
-    seeds: tuple[int, ...]
-    """The seeds the candidate (and its paired baseline) train on."""
-    registration: dict[str, Any] | None
-    """The claim's confirmatory registration: the one in force, or (new=True) the one this launch makes."""
-    new_registration: bool = False
-    reuse: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    """role (baseline, candidate) -> attested MLflow training run ids the job may reuse."""
-    reason: str = ""
-    facts: dict[str, Any] = field(default_factory=dict)
-    """What trusted code computed at the commit: `code_tree`, and per role its `code_version`
-    and `spec_hash` (the attest job checks the trained runs' identities against them)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "seeds": list(self.seeds), "reuse": {k: list(v) for k, v in self.reuse.items()}}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ExperimentPlan:
-        return cls(experiment=str(data["experiment"]), claim=str(data["claim"]), kind=str(data["kind"]),
-                   seeds=tuple(int(s) for s in data["seeds"]), registration=data.get("registration"),
-                   new_registration=bool(data.get("new_registration")),
-                   reuse={str(k): tuple(str(r) for r in v) for k, v in (data.get("reuse") or {}).items()},
-                   reason=str(data.get("reason", "")), facts=dict(data.get("facts") or {}))
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    sha: str
-    pr: int
-    created_at_s: float
-    experiments: tuple[ExperimentPlan, ...]
-
-    def for_experiment(self, name: str) -> ExperimentPlan | None:
-        return next((e for e in self.experiments if e.experiment == name), None)
-
-    def reusable_runs(self) -> set[str]:
-        """Every MLflow run id any experiment of the plan may reuse."""
-        return {r for e in self.experiments for ids in e.reuse.values() for r in ids}
-
-    def to_json(self) -> str:
-        return json.dumps({"sha": self.sha, "pr": self.pr, "created_at_s": self.created_at_s,
-                           "experiments": [e.to_dict() for e in self.experiments]}, indent=2, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> LaunchPlan:
-        data = json.loads(text)
-        return cls(sha=str(data["sha"]), pr=int(data["pr"]), created_at_s=float(data["created_at_s"]),
-                   experiments=tuple(ExperimentPlan.from_dict(e) for e in data["experiments"]))
-
-
-def launch_plan(environ: Mapping[str, str] | None = None) -> LaunchPlan | None:
-    """The plan the GPU job was given (`PIPELINE_LAUNCH_PLAN`), or None (a laptop: no plan)."""
-    path = (os.environ if environ is None else environ).get(PLAN_ENV)
-    if not path:
-        return None
-    try:
-        return LaunchPlan.from_json(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{path}: not a launch plan ({PLAN_ENV}): {exc}") from None
 
 
 # --------------------------------------------------------------------------- the decision (pure)
@@ -350,7 +286,7 @@ def attested_facts(client: Any, registry: TrustedRegistry | None, plan: Experime
                    sha: str, workflow_run_id: int) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
     """role -> facts of each run the report names (reused runs: the metrics attested earlier;
     runs trained by this job: as they are now, checked against the plan), and the problems."""
-    from pipelines.github.job_credentials import is_job_experiment
+    from pipelines.trusted.job_identity import is_job_experiment
 
     by_role: dict[str, list[dict[str, Any]]] = {"candidate": [], "baseline": []}
     problems: list[str] = []
@@ -544,10 +480,10 @@ def open_registry(tracking_uri: str | None, provenance_id: str | None) -> Truste
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m pipelines.registry plan --checkout DIR --experiment NAME... --sha SHA --pr N --out FILE`."""
+    """`python -m pipelines.trusted.registry plan --checkout DIR --experiment NAME... --sha SHA --pr N --out FILE`."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m pipelines.registry", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines.trusted.registry", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="the launch plan (trusted job, before any PR code runs)")
     plan.add_argument("--checkout", type=Path, required=True, help="the approved commit, checked out as data")

@@ -18,7 +18,7 @@ For each experiment a merged PR adds or changes, the model is promoted only when
 4. the run was *attested* for this PR: the trusted `attest` job of the train workflow
    (default-branch code, an MLflow credential the training job never sees) wrote an
    attestation into the provenance experiment, which the trainer credential cannot write
-   (`pipelines/github/provenance.py`). Nothing the training job wrote (its run tags, start
+   (`pipelines/trusted/provenance.py`). Nothing the training job wrote (its run tags, start
    times, verdict tag) is read. The attestation's `pipeline.pr` must be this PR and its
    `pipeline.github_run_id` a run that the API confirms is
    `.github/workflows/experiment-train.yml` on the default branch (a comment or a manual
@@ -247,7 +247,7 @@ class ModelRegistry(Protocol):
 
 class MlflowPromotion:
     """`ModelRegistry` over `MlflowClient` (mlflow imported lazily). Which run to promote comes
-    from the attestations (`pipelines.github.provenance.ProvenanceLookup`), never from tags the
+    from the attestations (`pipelines.trusted.provenance.ProvenanceLookup`), never from tags the
     training job wrote."""
 
     def __init__(self, tracking_uri: str | None, model_name: str, registry_uri: str | None = None):
