@@ -72,7 +72,7 @@ class SpecIssues:
         grouped: dict[PathKey, list[tuple[ErrorDetails, bool]]] = {}
         resolved = [
             (e, *_resolve_error_path(doc.data, e))
-            for e in exc.errors(include_url=False, include_context=False)
+            for e in exc.errors(include_url=False)
         ]
         # For a union (`parallel: auto | {dp, tp, ...}`), when one branch got further into
         # the value, the shallow "should be 'auto'" complaint of the other is noise.
@@ -97,7 +97,10 @@ class SpecIssues:
                 continue
             if len(errors) > 1 and all(union for _, union in errors):
                 options = list(dict.fromkeys(_alternative(e) for e, _ in errors))
-                self.add_at(doc, path, "must be " + " or ".join(options) + _got(errors[0][0]))
+                value = _get(doc.data, path)
+                words = [w for o in options for w in re.findall(r"'([^']*)'", o)]
+                hint = did_you_mean(value, words) if isinstance(value, str) else ""
+                self.add_at(doc, path, "must be " + " or ".join(options) + _got(errors[0][0]) + hint)
                 continue
             for error, _ in errors:
                 self._map_one_error(doc, path, error)
@@ -154,7 +157,10 @@ class SpecIssues:
             return
         message = _plain_message(error)
         value = _get(doc.data, path)
-        if kind == "value_error" and isinstance(value, dict):
+        if kind != "value_error":
+            self.add_at(doc, path, describe_error(error, path, doc.data))
+            return
+        if isinstance(value, dict):
             # A model-level validator: point at a field its message names, preferring one
             # set in the file being validated (that is the line its author can change).
             named = [
@@ -166,7 +172,7 @@ class SpecIssues:
                 if not self._poisoned(doc, target):
                     self.add_at(doc, target, message)
                 return
-        self.add_at(doc, path, message + _got(error))
+        self.add_at(doc, path, message)
 
 
 def _clean(text: str) -> str:
@@ -297,3 +303,168 @@ def _field_names(path: PathKey, data: Any = None) -> list[str]:
     if model is None:
         return []
     return [(f.alias or name) for name, f in model.model_fields.items()]
+
+
+# --------------------------------------------------------------------------- pydantic's words -> ours
+
+_PERCENT = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*%\s*$")
+_WHOLE = ("int_parsing", "int_type", "int_from_float", "int_parsing_size")
+_NUMBER = ("float_parsing", "float_type", "decimal_parsing", "decimal_type")
+_BOUND = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
+_FORMS: dict[str, str] = {
+    "name": "a lowercase name of 3 to 64 characters (a-z, 0-9, '-', '_'; starting with a letter or digit), "
+            "the file name without .yaml, e.g. higher-lr",
+    "hypothesis.baseline": "the name of another experiment (a lowercase name of 3 to 64 characters: a-z, 0-9, "
+                           "'-', '_', e.g. base) or `champion`",
+    "owner": "a GitHub user or team name (letters, digits and '-', at most 39 characters), e.g. octocat",
+    "data.sources.name": "a lowercase name of 1 to 32 characters (a-z, 0-9, '-', '_'; starting with a letter "
+                         "or digit), e.g. code",
+    "resource.gpu_type": "a lowercase accelerator name (a-z, 0-9, '-', '_'; at most 32 characters), e.g. h100",
+    "resource.partition": "a Slurm partition name (letters, digits, '.', '-', '_'; at most 64 characters), e.g. gpu",
+    "resource.rendezvous": "host:port of node 0 (letters, digits, '.', '-', '_', then ':' and a port), "
+                           "e.g. node-0.cluster:29500",
+    "eval.tasks.name": "an lm-eval task name (letters, digits, '.', '-', '_'; at most 64 characters), e.g. hellaswag",
+}
+"""What a field with a `pattern` looks like, said in words with an example: the regex itself
+(250 characters for a metric) is no help to the person who mistyped it."""
+
+
+def describe_error(error: ErrorDetails, path: PathKey | None, data: Any = None) -> str:
+    """One pydantic error on the field at `path` in the project's words: what the field takes
+    (its type and valid range, its allowed values or its form, with an example), then what was
+    given. `data` is the validated document (it names the sources and tasks a metric may refer
+    to); `path` None means the error's own `loc`, without pydantic's union-member tags."""
+    if path is None:
+        path = _resolve_error_path(data, error)[0]
+    kind = error["type"]
+    ctx: dict[str, Any] = dict(error.get("ctx") or {})
+    value = error.get("input")
+    field = _field_at(path, data)
+    got = _got(error)
+    if kind in _WHOLE or kind in _NUMBER or kind in _BOUND:
+        whole = kind in _WHOLE or _is_int_field(field, value)
+        what = "a whole number" if whole else "a number"
+        text = f"must be {what}{_range_words(field, ctx)}{got}"
+        match = _PERCENT.match(value) if isinstance(value, str) else None
+        if match and not whole:
+            text += f"; write a percentage as a fraction: {float(match[1]) / 100:g} for {match[1]}%"
+        return text
+    if kind in ("bool_parsing", "bool_type"):
+        return f"must be true or false{got}"
+    if kind == "string_type":
+        return f"must be text (quote it if it looks like a number or a date){got}"
+    if kind in ("literal_error", "enum"):
+        expected = str(ctx.get("expected") or "")
+        options = re.findall(r"'([^']*)'", expected)
+        hint = did_you_mean(str(value), options) if isinstance(value, str) else ""
+        return f"must be {expected or 'one of the listed values'}{got}{hint}"
+    if kind == "string_too_short":
+        words = _description(field)
+        return (f"must be at least {ctx.get('min_length')} characters, got {short(value)} "
+                f"({len(value) if isinstance(value, str) else '?'})" + (f"; {words}" if words else ""))
+    if kind == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} characters, got {len(value) if isinstance(value, str) else '?'}"
+    if kind == "too_short":
+        n = ctx.get("min_length")
+        return f"must list at least {n} item{'s' if n != 1 else ''}, got {ctx.get('actual_length', 0)}"
+    if kind == "too_long":
+        return f"must list at most {ctx.get('max_length')} items, got {ctx.get('actual_length')}"
+    if kind == "string_pattern_mismatch":
+        where = ".".join(str(p) for p in path if not isinstance(p, int))
+        if path and path[-1] == "metric":
+            return metric_message(str(value), data)
+        form = _FORMS.get(where)
+        if form is None:  # a pattern without words yet: short enough to show, or not shown at all
+            pattern = str(ctx.get("pattern", ""))
+            form = f"of the form {pattern}" if len(pattern) <= 40 else "of the expected form"
+        return f"must be {form}{got}"
+    return _plain_message(error).replace("Input should be ", "must be ") + got
+
+
+def metric_message(metric: str, data: Any = None) -> str:
+    """A metric name that is not one the trainer logs: the closest one this spec has, then what a
+    metric name looks like (the sources and tasks of `data`, the experiment's document, named)."""
+    named_sources = [s.get("name") for s in _get(data, ("data", "sources")) or [] if isinstance(s, dict)]
+    sources: list[str] = [s for s in named_sources if isinstance(s, str)]
+    named_tasks = [t.get("name") or (Path(str(t.get("path"))).stem if t.get("path") else None)
+                   for t in _get(data, ("eval", "tasks")) or [] if isinstance(t, dict)]
+    tasks: list[str] = [t for t in named_tasks if isinstance(t, str)]
+    known = ["eval/loss", "eval/bpb", "train/loss", "perf/tokens_per_s", "perf/mfu", "perf/peak_mem_gb"]
+    known += [f"eval/{s}/{m}" for s in sources for m in ("loss", "bpb")]
+    known += [f"eval/task/{t}/acc" for t in tasks]
+    close = difflib.get_close_matches(metric, known, n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'? " if close else ". "
+    named = f" (one of data.sources: {', '.join(sources)})" if sources else " (a name in data.sources)"
+    example = f" (e.g. eval/task/{tasks[0]}/acc)" if tasks else ""
+    return (f"{short(metric)} is not a metric the trainer logs{hint}A metric is eval/loss or eval/bpb "
+            f"(held-out, all sources), eval/<source>/loss or eval/<source>/bpb{named}, train/loss, "
+            f"perf/tokens_per_s, perf/mfu, perf/peak_mem_gb, or eval/task/<task>/<measure> of a task in "
+            f"eval.tasks{example}")
+
+
+def _field_at(path: PathKey, data: Any) -> Any:
+    """The pydantic `FieldInfo` of the field at `path` (list indices skipped), or None."""
+    names = [p for p in path if not isinstance(p, int)]
+    if not names:
+        return None
+    cut = max(i for i, p in enumerate(path) if not isinstance(p, int))
+    model = _model_at(path[:cut], data)
+    if model is None:
+        return None
+    fields = {(f.alias or name): f for name, f in model.model_fields.items()}
+    return fields.get(str(path[cut]))
+
+
+def _constraints(field: Any) -> list[Any]:
+    """The annotated-types constraints of a field, also inside `Annotated[...] | None`."""
+    if field is None:
+        return []
+    found = list(field.metadata)
+    stack = [field.annotation]
+    while stack:
+        annotation = stack.pop()
+        if typing.get_origin(annotation) is typing.Annotated:
+            for meta in typing.get_args(annotation)[1:]:
+                found += list(getattr(meta, "metadata", [meta]))
+        stack += [a for a in typing.get_args(annotation) if typing.get_origin(annotation) is not typing.Annotated]
+    return found
+
+
+def _is_int_field(field: Any, value: Any) -> bool:
+    if field is None:
+        return isinstance(value, int) and not isinstance(value, bool)
+    annotation = field.annotation
+    args = {annotation, *typing.get_args(annotation)}
+    for arg in list(args):
+        if typing.get_origin(arg) is typing.Annotated:
+            args.add(typing.get_args(arg)[0])
+    return int in args and float not in args
+
+
+def _range_words(field: Any, ctx: dict[str, Any]) -> str:
+    """' from 8 to 65536', ' above 0 and at most 0.5', ...: every bound of the field (the error's
+    context alone names only the bound that was crossed)."""
+    bounds = {key: ctx[key] for key in ("gt", "ge", "lt", "le") if key in ctx}
+    for meta in _constraints(field):
+        for key in ("gt", "ge", "lt", "le"):
+            if getattr(meta, key, None) is not None:
+                bounds.setdefault(key, getattr(meta, key))
+    low = f"above {_num(bounds['gt'])}" if "gt" in bounds else f"at least {_num(bounds['ge'])}" if "ge" in bounds else ""
+    high = f"below {_num(bounds['lt'])}" if "lt" in bounds else f"at most {_num(bounds['le'])}" if "le" in bounds else ""
+    if "ge" in bounds and "le" in bounds:
+        return f" from {_num(bounds['ge'])} to {_num(bounds['le'])}"
+    return " " + " and ".join(p for p in (low, high) if p) if low or high else ""
+
+
+def _num(x: Any) -> str:
+    """A bound as a person writes it: 10,000,000 rather than 1e+07, 0.5 as 0.5."""
+    if isinstance(x, int | float) and float(x).is_integer() and abs(x) < 1e15:
+        return f"{int(x):,}" if abs(x) >= 10_000 else str(int(x))
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _description(field: Any) -> str:
+    """The field's docstring (its first sentence, lower-cased start) when short enough to quote."""
+    text = " ".join(str(getattr(field, "description", "") or "").split())
+    first = text.split(". ")[0].rstrip(".")
+    return first[:1].lower() + first[1:] if first and len(first) <= 100 else ""

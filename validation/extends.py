@@ -8,6 +8,7 @@ so an error in a base is reported in the base.
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,22 @@ class _ChainReader:
             return None
         if not target.is_file():
             self.report(
-                where.file, where.line, where.col, "extends", f"base file {short(value)} does not exist"
+                where.file, where.line, where.col, "extends",
+                f"base file {short(value)} does not exist{_closest_base(value, target)}",
             )
             return None
         return target
+
+
+def _closest_base(value: str, target: Path) -> str:
+    """"; did you mean 'base.yaml'?" for a YAML file in the folder `value` points into whose name
+    is close to the one written (written the way `value` writes it, folder included)."""
+    folder = target.parent
+    if not folder.is_dir():
+        return ""
+    names = sorted(p.name for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+    close = difflib.get_close_matches(target.name, names, n=1, cutoff=0.6)
+    if not close:
+        return ""
+    prefix = value[: len(value) - len(value.rsplit("/", 1)[-1])]
+    return f"; did you mean '{prefix}{close[0]}'?"

@@ -345,8 +345,11 @@ def sweep_parameters_exist(spec: ExperimentSpec) -> Iterator[Violation]:
             try:
                 ExperimentSpec.model_validate(trial)
             except ValidationError as exc:
+                from validation.error_locations import describe_error
+
                 first = exc.errors(include_url=False)[0]
-                yield Violation(where, f"value {value!r} is invalid for {dotted_path}: {first['msg']}")
+                words = describe_error(first, None, trial)
+                yield Violation(where, f"value {value!r} is invalid for {dotted_path}: {words}")
                 break
     if spec.sweep.method == "grid" and combos > spec.sweep.max_trials:
         yield Violation(

@@ -375,17 +375,7 @@ def parse_file(path: Path, report: Report) -> LocatedDoc | None:
         report(display, stop.line, stop.col, stop.field_name, stop.message)
         return None
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        context = exc.context or ""
-        if (
-            exc.context
-            and exc.context_mark
-            and exc.problem_mark
-            and exc.context_mark.line != exc.problem_mark.line
-        ):
-            context += f" (from line {exc.context_mark.line + 1})"
-        problem = " ".join(p for p in (context, exc.problem) if p) or "invalid YAML"
+        line, col, problem = syntax_problem(exc, text)
         report(display, line, col, YAML_FIELD, f"YAML syntax error: {problem}")
         return None
     except yaml.reader.ReaderError as exc:
@@ -406,6 +396,60 @@ def parse_file(path: Path, report: Report) -> LocatedDoc | None:
     return LocatedDoc(
         data=data, locs=walker.locs, key_locs=walker.key_locs, poisoned=walker.poisoned, chain=[path]
     )
+
+
+_CLOSERS = {"{": "}", "[": "]"}
+
+
+def syntax_problem(exc: yaml.MarkedYAMLError, text: str) -> tuple[int, int, str]:
+    """(line, col, message) of a YAML syntax error, in words, where the author must look: an
+    unclosed bracket or quote at the character that opened it (PyYAML's mark is where it gave
+    up, lines later, on the next key), a tab at the tab, an undefined alias at the alias."""
+    problem, context = exc.problem or "", exc.context or ""
+    at, ctx = exc.problem_mark, exc.context_mark
+    line, col = (at.line + 1, at.column + 1) if at else (ctx.line + 1, ctx.column + 1) if ctx else (1, 1)
+    lines = text.splitlines()
+    if ctx is not None and context.startswith(("while parsing a flow mapping", "while parsing a flow sequence")):
+        source = lines[ctx.line] if ctx.line < len(lines) else ""
+        opener = source[ctx.column] if ctx.column < len(source) and source[ctx.column] in _CLOSERS else (
+            "{" if "mapping" in context else "[")
+        closer = _CLOSERS[opener]
+        found = re.search(r"but got '?(.*?)'?$", problem)
+        got = found[1] if found else ""
+        where = f"'{opener}' opened here"
+        if got == "<stream end>":
+            why = f"the {where} is never closed before the end of the file"
+        elif got in _CLOSERS.values():
+            why = (f"the {where} is closed with '{got}' on line {line}, column {col}; "
+                   f"a {'mapping' if opener == '{' else 'list'} ends with '{closer}'")
+        elif at is not None and at.line > ctx.line:
+            why = f"the {where} is never closed (line {line} starts the next key)"
+        else:
+            why = f"the {where} needs ',' between items or '{closer}' to end it before column {col}"
+        rest = source[ctx.column:].split(" #", 1)[0].rstrip().rstrip(",")
+        one_line = at is not None and at.line == ctx.line + 1 and closer not in rest
+        fix = f"; end it with '{closer}': {rest}{closer}" if one_line else f"; end it with '{closer}'"
+        return ctx.line + 1, ctx.column + 1, why + ("" if got in _CLOSERS.values() else fix)
+    if ctx is not None and context.startswith("while scanning a quoted scalar"):
+        quote = lines[ctx.line][ctx.column] if ctx.line < len(lines) and ctx.column < len(lines[ctx.line]) else '"'
+        return (ctx.line + 1, ctx.column + 1,
+                f"the quote {quote} opened here is never closed; end the text with {quote}")
+    alias = re.match(r"found undefined alias '(.*)'", problem)
+    if alias:
+        return line, col, (f"*{alias[1]} refers to an anchor &{alias[1]} that is not defined above it "
+                           "(an alias repeats a value marked earlier in the file)")
+    if "'\\t'" in problem or "\t" in problem:
+        return line, col, "a tab character: YAML indents with spaces only; replace the tab with spaces"
+    if "expected a single document" in context:
+        return line, col, ("a second YAML document starts here ('---'): an experiment is one document; "
+                           "remove the '---' and what follows, or move it to its own file")
+    if context.startswith("while parsing a block mapping") and ctx is not None:
+        return line, col, (f"line {line} is not aligned with the keys of the mapping that starts on line "
+                           f"{ctx.line + 1}: indent it exactly like its sibling keys")
+    message = " ".join(p for p in (context, problem) if p) or "invalid YAML"
+    if ctx is not None and at is not None and ctx.line != at.line and context:
+        message = f"{context} (from line {ctx.line + 1}) {problem}"
+    return line, col, message
 
 
 def _read_capped(path: Path) -> bytes:

@@ -83,10 +83,9 @@ def test_every_problem_is_reported_at_once_in_line_order(repo: Path):
     with pytest.raises(SpecError) as caught:
         load_spec(path)
     assert [i.text() for i in caught.value.issues] == [
-        "experiments/many.yaml:10:16: model.hidden_size: Input should be a valid integer, "
-        "unable to parse string as an integer, got 'wide'",
+        "experiments/many.yaml:10:16: model.hidden_size: must be a whole number from 8 to 65,536, got 'wide'",
         "experiments/many.yaml:11:3: model.num_layrs: unknown key 'num_layrs'; did you mean 'num_layers'?",
-        "experiments/many.yaml:13:7: train.lr: Input should be greater than 0, got -1",
+        "experiments/many.yaml:13:7: train.lr: must be a number above 0 and at most 1, got -1",
     ]
     assert str(caught.value).count("\n") == 2
 
@@ -103,8 +102,7 @@ def test_missing_field_points_at_its_parent_mapping(repo: Path):
 def test_flow_style_values_are_located_too(repo: Path):
     path = write(repo, "flow.yaml", "parallel: {dp: 1, tp: 1, pp: two}\n")
     assert issues_of(path) == [
-        "experiments/flow.yaml:9:30: parallel.pp: Input should be a valid integer, "
-        "unable to parse string as an integer, got 'two'"
+        "experiments/flow.yaml:9:30: parallel.pp: must be a whole number from 1 to 512, got 'two'"
     ]
 
 
@@ -222,9 +220,8 @@ def test_errors_are_located_in_the_file_that_set_the_value(repo: Path):
     (repo / "experiments" / "mid.yaml").write_text("extends: base.yaml\nmodel:\n  num_layers: many\n")
     path = write(repo, "leaf.yaml", "train:\n  lr: zero\n", extends="mid.yaml")
     assert issues_of(path) == [
-        "experiments/leaf.yaml:10:7: train.lr: Input should be a valid number, unable to parse string as a number, got 'zero'",
-        "experiments/mid.yaml:3:15: model.num_layers: Input should be a valid integer, "
-        "unable to parse string as an integer, got 'many'",
+        "experiments/leaf.yaml:10:7: train.lr: must be a number above 0 and at most 1, got 'zero'",
+        "experiments/mid.yaml:3:15: model.num_layers: must be a whole number from 1 to 512, got 'many'",
     ]
 
 

@@ -58,7 +58,7 @@ def only_issue(path: Path) -> str:
 def test_a_wrong_type_says_what_the_field_takes_and_its_range(repo: Path):
     path = spec_file(repo, "wide", "model:\n  hidden_size: wide\n")
     assert only_issue(path) == (
-        "experiments/wide.yaml:10:16: model.hidden_size: must be a whole number from 8 to 65536, got 'wide'"
+        "experiments/wide.yaml:10:16: model.hidden_size: must be a whole number from 8 to 65,536, got 'wide'"
     )
 
 
