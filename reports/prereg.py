@@ -103,8 +103,10 @@ def changes(registered: HypothesisView, current: HypothesisView) -> list[str]:
 # alpha, seeds) are frozen *in* the registration; editing them later is "changed after
 # results" and the verdict keeps the registered ones.
 #
-# One confirmatory registration per claim, made when its first seed starts training, on
-# seeds no earlier run of the claim used (`fresh_seeds`). Every other seed of the claim is
+# One confirmatory registration per claim (per claim and pull request under the trusted
+# registry, pipelines/trusted/registry.py: another PR's registration never sets this PR's rule),
+# made when its first seed starts training, on seeds no earlier run of the claim used
+# (`fresh_seeds`; seeds stay used across pull requests). Every other seed of the claim is
 # exploratory: pilot runs (`hypothesis.pilot`), seeds added later, seeds of a rerun under
 # another name or base seed, runs whose results existed before the registration. The
 # headline is decided on the registration's own seeds only, so no rename, no added seed and
@@ -129,18 +131,28 @@ def claim_key(spec: Any) -> str:
 
 
 def claim_entry(claim: str, experiment: str, hypothesis: Any, seeds: Sequence[int], *, pilot: bool = False,
-                now: float | None = None) -> dict[str, Any]:
+                now: float | None = None, pr: int | None = None) -> dict[str, Any]:
+    """A claim's registration; `pr`: the pull request that makes it (the trusted registry's
+    plan), whose registration is in force for that pull request only."""
     entry = registration_entry(hypothesis, seeds, now=now)
-    return {**entry, "claim": claim, "experiment": experiment, "kind": "pilot" if pilot else "confirmatory"}
+    out = {**entry, "claim": claim, "experiment": experiment, "kind": "pilot" if pilot else "confirmatory"}
+    return out if pr is None else {**out, "pr": int(pr)}
 
 
 def registry_dir(runs_root: str | Path, claim: str) -> Path:
     return Path(runs_root) / "registry" / claim
 
 
-def confirmatory_registration(runs_root: str | Path, claim: str) -> dict[str, Any] | None:
-    """The claim's confirmatory registration, if one was made (`runs/registry/<claim>/`)."""
-    path = registry_dir(runs_root, claim) / "confirmatory.json"
+def _confirmatory_file(claim_dir: Path, pr: int | None) -> Path:
+    # Per pull request when the registration names one: on runs/ shared between runners, the
+    # first PR to register a public configuration must not set another PR's rule.
+    return claim_dir / ("confirmatory.json" if pr is None else f"confirmatory-pr{int(pr)}.json")
+
+
+def confirmatory_registration(runs_root: str | Path, claim: str, pr: int | None = None) -> dict[str, Any] | None:
+    """The claim's confirmatory registration, if one was made (`runs/registry/<claim>/`; with
+    `pr`, the one that pull request made)."""
+    path = _confirmatory_file(registry_dir(runs_root, claim), pr)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -173,18 +185,19 @@ def fresh_seeds(start: int, count: int, used: set[int]) -> list[int]:
 
 def register_confirmatory(runs_root: str | Path, entry: dict[str, Any]) -> dict[str, Any]:
     """Creates the claim's confirmatory registration unless one exists (first writer wins,
-    O_EXCL, safe between processes); returns the one in force."""
+    O_EXCL, safe between processes; per pull request when the entry names one); returns the
+    one in force."""
     directory = registry_dir(runs_root, entry["claim"])
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".confirmatory.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(entry, indent=2, sort_keys=True), encoding="utf-8")
     try:
-        os.link(tmp, directory / "confirmatory.json")
+        os.link(tmp, _confirmatory_file(directory, entry.get("pr")))
     except FileExistsError:
         pass
     finally:
         tmp.unlink(missing_ok=True)
-    found = confirmatory_registration(runs_root, entry["claim"])
+    found = confirmatory_registration(runs_root, entry["claim"], entry.get("pr"))
     assert found is not None
     return found
 

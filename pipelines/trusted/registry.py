@@ -9,8 +9,13 @@ one MLflow run tagged `pipeline.registry=<kind>`:
   hash, data version, seed), experiment, role, claim, the training run id, and a snapshot of
   its final metrics (metrics of the record run itself, which the trainer cannot rewrite);
 - `registration`: a claim's confirmatory registration (`reports.prereg.claim_entry`: the
-  hypothesis fields, the seeds, when training started). The earliest one per claim is in force;
-- `seeds`: the seeds one launch of a claim used, confirmatory or not.
+  hypothesis fields, the seeds, when training started, the pull request). The earliest one per
+  claim *and pull request* is in force for that pull request only: another PR's registration of
+  the same public configuration (with its own metric, direction, min_effect, alpha or seeds)
+  never sets this PR's decision rule;
+- `seeds`: the seeds one launch of a claim used, confirmatory or not. They are per claim, across
+  pull requests: a seed any look at the configuration used is never a fresh seed again, so no
+  PR can register the lucky seeds of another PR's reruns ("best of k reruns").
 
 Before launch the `plan` job (trusted, GitHub-hosted, the approved commit checked out as data)
 calls `plan_launch`: per experiment, the claim's kind for this launch (`decide`), its seeds,
@@ -20,9 +25,9 @@ runs it names (`pipelines.tracked_runs`). After training, the attest job records
 registration (if the claim had none) and seeds, and a `run` record per attested run
 (`record_launch`), so the next launch's plan sees them.
 
-A rename, a new base seed or more seeds after a claim's confirmatory registration are the same
-claim (`reports.prereg.claim_key`), planned `exploratory`: the headline stays the
-registration's; the new runs are shown beside it and decide nothing.
+A rename, a new base seed or more seeds after a claim's confirmatory registration by the same
+pull request are the same claim (`reports.prereg.claim_key`), planned `exploratory`: the
+headline stays the registration's; the new runs are shown beside it and decide nothing.
 """
 
 from __future__ import annotations
@@ -64,9 +69,13 @@ _HEX = re.compile(r"^[0-9a-f]{8,64}$")
 
 
 def decide(*, experiment: str, claim: str, pilot: bool, base_seed: int, n_seeds: int, spec_seeds: list[int],
-           entry: dict[str, Any], registration: dict[str, Any] | None, seen: set[int]) -> ExperimentPlan:
+           entry: dict[str, Any], registration: dict[str, Any] | None, seen: set[int],
+           others: Sequence[int] = ()) -> ExperimentPlan:
     """One experiment's kind and seeds for this launch, from the trusted registry's view of its
-    claim. `entry` is the registration this launch would make (`reports.prereg.claim_entry`).
+    claim. `entry` is the registration this launch would make (`reports.prereg.claim_entry`),
+    `registration` this pull request's own in force (None: it has none), `seen` every seed any
+    launch of the claim used (every pull request's), `others` the pull requests that registered
+    the claim too (their rules decide nothing here).
 
     - pilot: its own seeds, exploratory by construction;
     - no registration yet: confirmatory, on the first seeds from the spec's base seed that no
@@ -81,9 +90,13 @@ def decide(*, experiment: str, claim: str, pilot: bool, base_seed: int, n_seeds:
         from reports.prereg import fresh_seeds
 
         seeds = fresh_seeds(base_seed, n_seeds, seen)
+        also = sorted(set(others))
+        note = (f"; pull request(s) {', '.join(f'#{n}' for n in also)} registered this configuration too: their "
+                "rules decide nothing here and the seeds they used are not reused") if also else ""
         return ExperimentPlan(experiment, claim, CONFIRMATORY, tuple(seeds), {**entry, "seed_list": seeds},
                               new_registration=True,
-                              reason=f"first registration of the claim, on seeds no run of it used ({_seeds(seeds)})")
+                              reason=(f"first registration of the claim by this pull request, on seeds no run of it "
+                                      f"used ({_seeds(seeds)}){note}"))
     registered = [int(s) for s in registration.get("seed_list") or []]
     if set(spec_seeds) <= set(registered):
         return ExperimentPlan(experiment, claim, CONFIRMATORY, tuple(spec_seeds), registration,
@@ -93,6 +106,26 @@ def decide(*, experiment: str, claim: str, pilot: bool, base_seed: int, n_seeds:
         reason=(f"the claim was registered as `{registration.get('experiment')}` on seeds {_seeds(registered)} at "
                 f"{registration.get('registered_at')}: seeds {_seeds(spec_seeds)} are exploratory; the headline "
                 "stays that registration's"))
+
+
+def plan_claim(registry: TrustedRegistry | None, spec: Any, spec_seeds: Sequence[int], *, pr: int,
+               now: float) -> ExperimentPlan:
+    """`decide` for one experiment spec against the registry's view of its claim (no registry:
+    every claim unregistered)."""
+    from reports import prereg
+
+    claim = prereg.claim_key(spec)
+    made = registry.registrations(claim) if registry is not None else []
+    # This pull request's own registration only: the configuration is public, and another PR
+    # registering it first must not choose this PR's metric, direction, min_effect, alpha or seeds.
+    own = [entry for by, entry in made if by == pr]
+    registration = min(own, key=lambda e: float(e.get("registered_at_s") or 0.0)) if own else None
+    seen = registry.seen_seeds(claim) if registry is not None else set()
+    entry = prereg.claim_entry(claim, spec.name, spec.hypothesis, spec_seeds, pilot=spec.hypothesis.pilot, now=now,
+                               pr=pr)
+    return decide(experiment=spec.name, claim=claim, pilot=spec.hypothesis.pilot, base_seed=spec.train.seed,
+                  n_seeds=spec.hypothesis.seeds, spec_seeds=list(spec_seeds), entry=entry,
+                  registration=registration, seen=seen, others=[by for by, _ in made if by != pr])
 
 
 def _seeds(seeds: list[int] | tuple[int, ...]) -> str:
@@ -154,17 +187,23 @@ class TrustedRegistry:
         return list(self.client.search_runs([self.store_id], filter_string=query, max_results=5000,
                                             order_by=["attributes.start_time ASC"]))
 
-    def registration(self, claim: str) -> dict[str, Any] | None:
-        """The claim's confirmatory registration in force: the earliest registered."""
+    def registrations(self, claim: str) -> list[tuple[int, dict[str, Any]]]:
+        """(pull request, registration) of every confirmatory registration of the claim, oldest
+        first; the pull request is the attestor's tag, never a field the entry carries."""
         found = []
         for run in self._records("registration", claim=claim):
             try:
                 entry = json.loads(run.data.tags.get("pipeline.registration", ""))
             except ValueError:
                 continue
-            if isinstance(entry, dict) and entry.get("claim") == claim:
-                found.append(entry)
-        return min(found, key=lambda e: float(e.get("registered_at_s") or 0.0)) if found else None
+            pr = run.data.tags.get("pipeline.pr", "")
+            if isinstance(entry, dict) and entry.get("claim") == claim and pr.isdigit():
+                found.append((int(pr), entry))
+        return sorted(found, key=lambda f: float(f[1].get("registered_at_s") or 0.0))
+
+    def registration(self, claim: str, *, pr: int) -> dict[str, Any] | None:
+        """The registration in force for pull request `pr`: the earliest that PR made."""
+        return next((entry for by, entry in self.registrations(claim) if by == pr), None)
 
     def seen_seeds(self, claim: str) -> set[int]:
         """Every seed any launch of the claim used (planned seeds and attested runs)."""
@@ -186,7 +225,8 @@ class TrustedRegistry:
     def record_launch(self, plan: ExperimentPlan, *, pr: int, sha: str, attestation_run_id: str | None,
                       runs: list[dict[str, Any]], trusted_code: bool, tree: str) -> None:
         """After training (the attest job): the plan's registration (a new one; the earliest per
-        claim is in force), the seeds it used, and one record per attested training run."""
+        claim and pull request is in force for that pull request), the seeds it used, and one
+        record per attested training run."""
         common = {"pipeline.pr": str(pr), "pipeline.sha": sha, "pipeline.claim": plan.claim,
                   "pipeline.experiment": plan.experiment, "pipeline.attestation_run_id": attestation_run_id or ""}
         if plan.new_registration and plan.registration is not None:
@@ -426,7 +466,6 @@ def plan_launch(checkout: Path, experiments: Sequence[str], *, registry: Trusted
 
     from pipelines.github.chatops import experiment_file
     from pipelines.identity import code_version
-    from reports import prereg
     from validation.resolved import resolve
     from validation.spec import foreign_plugins_allowed
 
@@ -442,14 +481,7 @@ def plan_launch(checkout: Path, experiments: Sequence[str], *, registry: Trusted
             spec = resolved.spec
             if spec.sweep is not None:
                 continue  # a sweep picks its own seeds; its job gets no plan entry and reuses nothing
-            claim = prereg.claim_key(spec)
-            registration = registry.registration(claim) if registry is not None else None
-            seen = registry.seen_seeds(claim) if registry is not None else set()
-            entry = prereg.claim_entry(claim, spec.name, spec.hypothesis, resolved.seeds, pilot=spec.hypothesis.pilot,
-                                       now=now)
-            plan = decide(experiment=spec.name, claim=claim, pilot=spec.hypothesis.pilot, base_seed=spec.train.seed,
-                          n_seeds=spec.hypothesis.seeds, spec_seeds=list(resolved.seeds), entry=entry,
-                          registration=registration, seen=seen)
+            plan = plan_claim(registry, spec, resolved.seeds, pr=pr, now=now)
             roles = {"candidate": resolve(path, checkout, seeds=list(plan.seeds))}
             if roles["candidate"].baseline.file is not None:
                 roles["baseline"] = resolve(Path(roles["candidate"].baseline.file), checkout, seeds=list(plan.seeds))

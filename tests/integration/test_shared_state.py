@@ -147,8 +147,10 @@ def _train(client, plan, sha: str, *, role: str, experiment: str, loss: float) -
     seed = plan.seeds[0]
     key = RunIdentity(experiment, seed, CodeVersion(sha, facts["code_version"], False, ""), facts["spec_hash"],
                       "da7a").key
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    # Every run the GPU job trains goes to its launch's own job experiment (job_identity).
+    job_experiment = f"{plan.experiment}/job-{RUN_ID}-1"
+    exp = client.get_experiment_by_name(job_experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(job_experiment)
     run = client.create_run(exp_id, tags={
         "pipeline.identity": key, "pipeline.code_version": facts["code_version"], "pipeline.spec_hash": facts["spec_hash"],
         "pipeline.data_version": "da7a", "pipeline.seed": str(seed), "pipeline.role": role, "pipeline.git_sha": sha,
@@ -196,7 +198,7 @@ def test_two_launches_share_the_trusted_registry(tmp_path: Path, monkeypatch: py
     assert done.verdict == "inconclusive"  # one worse seed decides nothing, whatever the PR's report says
     tags = client.get_run(done.run_id).data.tags
     assert tags["pipeline.reported_verdict"] == "supported" and tags["pipeline.verdict_by"] == "trusted"
-    assert registry.registration(first.claim)["seed_list"] == [1234] and registry.seen_seeds(first.claim) == {1234}
+    assert registry.registration(first.claim, pr=5)["seed_list"] == [1234] and registry.seen_seeds(first.claim) == {1234}
     monkeypatch.delenv("PIPELINE_LAUNCH_PLAN")
     # The report job's comment: the attested verdict on top, saying the PR's own differs.
     (tmp_path / "report.md").write_text("## tiny-lr\n\n**supported**\n")
@@ -216,16 +218,23 @@ def test_two_launches_share_the_trusted_registry(tmp_path: Path, monkeypatch: py
                                           spec_hash=again.facts["baseline"]["spec_hash"])]
     assert record["metrics"]["eval/loss"] == 3.5
 
-    # A rename plus a new base seed of the same configuration: exploratory, baseline still reused
-    # only for the seeds it was trained on (none here: a new seed), the registration unchanged.
+    # A rename plus a new base seed of the same configuration in the same pull request:
+    # exploratory, baseline still reused only for the seeds it was trained on (none here: a new
+    # seed), the registration unchanged.
     renamed = CANDIDATE.format(name="tiny-lr-v2", lr=0.006).replace("train: {lr: 0.006}",
                                                                     "train: {lr: 0.006, seed: 99}")
     sha2 = _commit(checkout, {"experiments/tiny-lr-v2.yaml": renamed})
-    (third,) = plan_launch(checkout, ["tiny-lr-v2"], registry=registry, sha=sha2, pr=6).experiments
+    (third,) = plan_launch(checkout, ["tiny-lr-v2"], registry=registry, sha=sha2, pr=5).experiments
     assert third.claim == first.claim and third.kind == EXPLORATORY and third.seeds == (99,)
     assert third.registration["seed_list"] == [1234] and third.reuse == {"candidate": (), "baseline": ()}
     # That launch's training failed: nothing to attest, its seeds still count as used.
     plan3 = tmp_path / "plan3.json"
-    plan3.write_text(LaunchPlan(sha2, 6, 1.0, (third,)).to_json())
+    plan3.write_text(LaunchPlan(sha2, 5, 1.0, (third,)).to_json())
     assert main(["record-seeds", "--plan", str(plan3), "--experiment", "tiny-lr-v2"]) == 0
-    assert registry.seen_seeds(first.claim) == {1234, 99} and registry.registration(first.claim)["seed_list"] == [1234]
+    assert registry.seen_seeds(first.claim) == {1234, 99}
+    assert registry.registration(first.claim, pr=5)["seed_list"] == [1234]
+    # Another pull request's launch of the same configuration registers its own rule, on a seed
+    # no look at the configuration used (PR 5's registration decides nothing there, nor PR 6's here).
+    (fourth,) = plan_launch(checkout, ["tiny-lr-v2"], registry=registry, sha=sha2, pr=6).experiments
+    assert fourth.kind == CONFIRMATORY and fourth.new_registration and fourth.seeds == (100,)
+    assert fourth.registration["pr"] == 6 and "#5" in fourth.reason

@@ -5,7 +5,9 @@ handed to the GPU job as data."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import scipy.stats  # noqa: F401 - the verdict's lazy import, paid at collection rather than inside a test
@@ -18,10 +20,13 @@ from pipelines.trusted.registry import (
     PILOT,
     ExperimentPlan,
     LaunchPlan,
+    TrustedRegistry,
     check_run_facts,
     decide,
     launch_plan,
+    plan_claim,
     reusable,
+    trusted_verdict,
 )
 from reports import prereg
 from reports.records import RunRecord
@@ -151,3 +156,108 @@ def test_runs_and_prepared_data_go_to_shared_storage_when_configured(tmp_path: P
     monkeypatch.setenv("PIPELINE_DATA_CACHE", str(tmp_path / "shared" / "data"))
     assert runs_root(tmp_path) == tmp_path / "shared" / "runs"
     assert data_cache_root(tmp_path) == tmp_path / "shared" / "data"
+
+
+# --------------------------------------------------------------------------- claims across pull requests (issue 36)
+
+
+class FakeMlflow:
+    """The part of `MlflowClient` the trusted registry uses, in memory: runs with tags and
+    metrics, and `search_runs` over the registry's own filter strings (tags and the status compared
+    with `=`, joined by `and`), oldest first."""
+
+    _CLAUSE = re.compile(r"^(?:tags\.`([^`]+)`|attributes\.(status)) = '([^']*)'$")
+
+    def __init__(self) -> None:
+        self.runs: list[SimpleNamespace] = []
+
+    def create_run(self, experiment_id: str, tags: dict[str, str], run_name: str = "") -> SimpleNamespace:
+        run = SimpleNamespace(info=SimpleNamespace(run_id=f"{len(self.runs):032x}", status="RUNNING",
+                                                   experiment_id=experiment_id),
+                              data=SimpleNamespace(tags=dict(tags), metrics={}))
+        self.runs.append(run)
+        return run
+
+    def log_metric(self, run_id: str, key: str, value: float) -> None:
+        self._run(run_id).data.metrics[key] = value
+
+    def set_terminated(self, run_id: str, status: str = "FINISHED") -> None:
+        self._run(run_id).info.status = status
+
+    def search_runs(self, experiment_ids: list[str], filter_string: str, max_results: int = 1000,
+                    order_by: list[str] | None = None) -> list[SimpleNamespace]:
+        clauses = [self._CLAUSE.match(c.strip()) for c in filter_string.split(" and ")]
+        assert all(clauses), filter_string
+        out = [r for r in self.runs if r.info.experiment_id in experiment_ids and all(
+            (r.info.status if m[2] else r.data.tags.get(m[1])) == m[3] for m in clauses if m is not None)]
+        return out[:max_results]
+
+    def _run(self, run_id: str) -> SimpleNamespace:
+        return next(r for r in self.runs if r.info.run_id == run_id)
+
+
+def _with_hypothesis(spec, **fields):
+    return spec.model_copy(update={"hypothesis": spec.hypothesis.model_copy(update=fields)})
+
+
+def _facts(seeds, *, effect: float) -> dict:
+    """Attested facts of paired runs: the candidate `effect` lower than the baseline on every
+    seed, with a little seed noise (0.1 %)."""
+    noise = {s: 1 + 0.001 * (i % 3 - 1) for i, s in enumerate(seeds)}
+    return {"baseline": [{"training_run_id": f"b{s}", "seed": str(s), "metrics": {"eval/loss": 3.5 * noise[s]}}
+                         for s in seeds],
+            "candidate": [{"training_run_id": f"c{s}", "seed": str(s),
+                           "metrics": {"eval/loss": 3.5 * (1 - effect) * noise[s] * (1 + 0.0007 * (s % 2))}}
+                          for s in seeds]}
+
+
+def test_another_pull_requests_registration_never_sets_this_ones_rule():
+    """The review's claim squatting: a YAML-only PR (9) registers PR 4's public configuration
+    first with its own rule (min_effect 0.5 %). PR 4's own plan registers PR 4's rule (5 %) on
+    seeds the squatter did not use, so a 1 % effect is refuted for PR 4, as its author's rule
+    says, and supported only in the squatter's own pull request."""
+    registry = TrustedRegistry(FakeMlflow(), "store")
+    author = _with_hypothesis(_spec(train__seed=0), min_effect=0.05)
+    squatter = _with_hypothesis(_spec("copied", train__seed=0), min_effect=0.005)
+    assert prereg.claim_key(squatter) == prereg.claim_key(author)  # the same configuration and baseline
+    seeds = [0, 1, 2]
+
+    squat = plan_claim(registry, squatter, seeds, pr=9, now=50.0)
+    assert squat.kind == CONFIRMATORY and squat.new_registration and squat.seeds == (0, 1, 2)
+    registry.record_launch(squat, pr=9, sha="9" * 40, attestation_run_id=None, runs=[], trusted_code=False, tree="t")
+
+    mine = plan_claim(registry, author, seeds, pr=4, now=100.0)
+    assert mine.kind == CONFIRMATORY and mine.new_registration
+    assert mine.registration["hypothesis"]["min_effect"] == 0.05
+    assert set(mine.seeds).isdisjoint(squat.seeds) and mine.seeds == (3, 4, 5)  # seeds used stay used
+    hypothesis = author.hypothesis.model_dump(mode="json")
+    assert trusted_verdict(mine, _facts(mine.seeds, effect=0.01), hypothesis, None).outcome == "refuted"
+    # Under the squatter's rule the same effect is supported: that verdict is PR 9's alone.
+    squatted = trusted_verdict(squat, _facts(squat.seeds, effect=0.01), squatter.hypothesis.model_dump(mode="json"),
+                               None)
+    assert squatted.outcome == "supported"
+
+
+def test_a_rename_or_more_seeds_in_the_same_pull_request_stays_exploratory_and_seeds_stay_used_across_prs(
+        tmp_path: Path):
+    registry = TrustedRegistry(FakeMlflow(), "store")
+    first = plan_claim(registry, _spec(train__seed=0), [0, 1, 2], pr=4, now=100.0)
+    registry.record_launch(first, pr=4, sha="4" * 40, attestation_run_id=None, runs=[], trusted_code=False, tree="t")
+    renamed = plan_claim(registry, _spec("higher-lr-v2", train__seed=500), [500, 501, 502], pr=4, now=200.0)
+    assert renamed.kind == EXPLORATORY and renamed.registration == first.registration
+    registry.record_launch(renamed, pr=4, sha="5" * 40, attestation_run_id=None, runs=[], trusted_code=False,
+                           tree="t")
+    more = plan_claim(registry, _spec(train__seed=0), [0, 1, 2, 3], pr=4, now=300.0)
+    assert more.kind == EXPLORATORY and more.registration["seed_list"] == [0, 1, 2]
+
+    # Another pull request with the same configuration: its own rule, never on a seed any look used.
+    other = plan_claim(registry, _spec(train__seed=500), [500, 501, 502], pr=8, now=400.0)
+    assert other.kind == CONFIRMATORY and other.new_registration and other.seeds == (503, 504, 505)
+    assert "#4 registered this configuration too" in other.reason
+    assert registry.registration(first.claim, pr=4) == first.registration
+    assert registry.registration(first.claim, pr=8) is None  # until PR 8's attest job records it
+
+    # The training job's copy on runs/ shared between runners: one registration per pull request.
+    assert prereg.register_confirmatory(tmp_path, first.registration) == first.registration
+    assert prereg.register_confirmatory(tmp_path, other.registration) == other.registration
+    assert prereg.register_confirmatory(tmp_path, {**other.registration, "seed_list": [9]}) == other.registration
