@@ -13,6 +13,7 @@ the real model on fake tensors, sharded over a fake process group, one tracked s
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable
 from enum import StrEnum
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from pipelines.exits import fail_issues
-from validation.errors import Issue, SpecError
+from validation.errors import Issue, PipelineError, SpecError
 
 if TYPE_CHECKING:
     from validation.loader import LoadedSpec
@@ -150,8 +151,13 @@ def plan(
                            "over a fake process group of the planned world size and track one training step's "
                            "memory (trainer/dry_run.py); exit non-zero when it fails or disagrees with the plan.")
     ] = False,
+    show_resolved: Annotated[
+        bool, typer.Option("--resolved", help="Also print the resolved spec (every field with its default, "
+                           "about 140 lines); `--format json` always has it.")
+    ] = False,
 ) -> None:
-    """Show what an experiment will run: resolved spec, changes vs its baseline, layout, memory, compute, tier."""
+    """The decision first: layout, memory, time for every run, cost, the effect the seeds can detect,
+    reuse, passes over the data, evaluation points; then changes vs the baseline and the estimate."""
     from validation.loader import load_located
     from validation.paths import find_repo_root
     from validation.resolved import resolve_spec
@@ -169,7 +175,9 @@ def plan(
     reference, reference_note = _reference_for(resolved, loaded)
     changes = diff_specs(reference.resolved_dict(), spec.resolved_dict()) if reference else []
     baseline_spec = reference if reference is not None and reference.name == resolved.baseline.name else None
-    preflight, preflight_text, preflight_note = _preflight(spec, loaded, baseline_spec)
+    preflight, preflight_text, preflight_note, plan_obj = _preflight(spec, loaded, baseline_spec)
+    decision = _decision(spec, resolved, plan_obj, baseline_spec, Path(resolved.repo_root)) \
+        if plan_obj is not None else None
     sweep = _sweep_cost(resolved, reference) if spec.sweep is not None and preflight is not None else None
     tier = sweep["tier"] if sweep else (preflight or {}).get("tier")
     preparation = _preparation(spec, Path(resolved.repo_root))
@@ -185,6 +193,7 @@ def plan(
             "changes": [{"field": f, "from": a, "to": b} for f, a, b in changes],
             "preflight": preflight,
             "preflight_note": preflight_note,
+            "decision": decision.to_dict() if decision is not None else None,
             "sweep": sweep,
             "tier": tier,
             "data_preparation": preparation,
@@ -197,18 +206,24 @@ def plan(
         _fail_dry_run(dry_problems)
         return
 
+    h = spec.hypothesis
     lines = [
         f"experiment: {spec.name} (spec {spec.spec_hash()}, {spec.model.parameter_count():,} parameters)",
-        f"hypothesis: {spec.hypothesis.metric} should {spec.hypothesis.direction} by >= "
-        f"{spec.hypothesis.min_effect:.1%} vs {spec.hypothesis.baseline}",
-        "",
-        f"changes vs {reference_note}:" if reference else f"changes: none shown ({reference_note})",
     ]
+    headline = (f"hypothesis: {h.metric} should {h.direction} by >= {h.min_effect:.1%} vs {h.baseline}, "
+                f"on {h.seeds} {'paired seeds' if h.seeds > 1 else 'seed'}")
+    if decision is not None:
+        from validation.plan.decision import render_decision_text
+
+        lines.append(render_decision_text(plan_obj, decision, headline=headline, min_effect=h.min_effect).rstrip())
+    else:
+        lines += [headline, f"  preflight: {preflight_note}"]
+    lines += ["", f"changes vs {reference_note}:" if reference else f"changes: none shown ({reference_note})"]
     if reference and not changes:
         lines.append("  (no training-relevant field differs)")
     lines += [f"  {field}: {_show(before)} -> {_show(after)}" for field, before, after in changes]
-    lines.append("")
-    lines.append(preflight_text if preflight_text is not None else f"preflight: {preflight_note}")
+    if preflight_text is not None:
+        lines += ["", preflight_text.rstrip()]
     if sweep is not None:
         approvals = "refused" if sweep["tier"]["required_approvals"] is None else \
             f"{sweep['tier']['required_approvals']} approval(s)"
@@ -222,10 +237,14 @@ def plan(
             f"  baseline             {sweep['baseline_note']}",
         ]
     lines += ["", _preparation_line(preparation)]
-    if dry_text is not None:
+    if not show_resolved:
+        lines += ["", "(`--resolved` adds the resolved spec, every field with its default; `--format json` "
+                      "has every figure)"]
+    if dry_text is not None:  # last but for the resolved spec: the PR workflow cuts it out from here
         lines += ["", dry_text]
-    lines += ["", "resolved spec:"]
-    lines += ["  " + line for line in _yaml_text(spec.resolved_dict()).splitlines()]
+    if show_resolved:
+        lines += ["", "resolved spec:"]
+        lines += ["  " + line for line in _yaml_text(spec.resolved_dict()).splitlines()]
     typer.echo("\n".join(lines))
     _fail_dry_run(dry_problems)
 
@@ -278,19 +297,21 @@ def _reference_for(resolved: ResolvedExperiment, loaded: LoadedSpec) -> tuple[Ex
     return None, "no baseline experiment file and no extends base to compare with"
 
 
-def _preflight(spec: ExperimentSpec, loaded: LoadedSpec,
-               baseline: ExperimentSpec | None = None) -> tuple[dict[str, Any] | None, str | None, str]:
+def _preflight(spec: ExperimentSpec, loaded: LoadedSpec, baseline: ExperimentSpec | None = None
+               ) -> tuple[dict[str, Any] | None, str | None, str, Any]:
     """Run `validation.plan` if it is available; its SpecError (nothing fits) fails the plan.
-    `baseline`: the baseline experiment's spec, priced on the same seeds."""
+    `baseline`: the baseline experiment's spec, priced on the same seeds. Returns the plan as
+    JSON, its estimate table (the warnings are in the decision above it), a note and the plan."""
     try:
         from validation.plan import make_plan, render_plan_text
     except ImportError as exc:
-        return None, None, f"not available ({exc})"
+        return None, None, f"not available ({exc})", None
     try:
         result = make_plan(spec, locate=loaded.locate, baseline=baseline)
     except SpecError as exc:
         raise fail_issues(exc.issues) from None
-    return result.to_dict(), render_plan_text(result), "ok"
+    text = render_plan_text(result, title="estimate (how the figures above are made)", warnings=False)
+    return result.to_dict(), text, "ok", result
 
 
 def _sweep_cost(resolved: ResolvedExperiment, reference: ExperimentSpec | None) -> dict[str, Any]:
@@ -428,3 +449,204 @@ def schema(
         return
     written = write_schema(target)
     typer.echo(f"{'wrote' if written else 'unchanged'} {display_path(target)}")
+
+
+# --------------------------------------------------------------------------- the decision
+
+
+def _decision(spec: ExperimentSpec, resolved: ResolvedExperiment, plan_obj: Any,
+              baseline: ExperimentSpec | None, repo: Path) -> Any:
+    """`validation.plan.decision.Decision` for `plan_obj`: the figures the spec alone gives, plus
+    what the disk knows (finished runs, the prepared data) and `reports.verdict`'s power."""
+    from validation.plan import make_plan
+    from validation.plan.decision import Decision, data_passes, decision_warnings, eval_steps
+
+    compute, cost = plan_obj.compute, plan_obj.cost
+    seeds = list(resolved.seeds)
+    base_runs = cost.baseline_runs if cost is not None else 0
+    base_wall = 0.0
+    if base_runs and baseline is not None:
+        base_wall = make_plan(baseline).compute.wall_seconds
+    total = len(seeds) * compute.wall_seconds + base_runs * base_wall
+    steps = eval_steps(compute.steps, spec.train.eval_interval)
+    reuse, reused = _reuse(spec, seeds, baseline if base_runs else None, repo)
+    train_wall = None
+    if reuse.candidate is not None:
+        train_wall = total - reused[0] * compute.wall_seconds - reused[1] * base_wall
+    detectable = _detectable(spec, baseline, repo)
+    tokens, counted, note = _corpus_tokens(spec, repo)
+    passes = data_passes(spec, compute.tokens, tokens, counted, note)
+    return Decision(
+        experiment=spec.name, runs=len(seeds) + base_runs, total_wall_seconds=total,
+        train_wall_seconds=train_wall, eval_steps=steps, detectable=detectable, reuse=reuse, data=passes,
+        warnings=decision_warnings(spec, steps, passes, detectable),
+    )
+
+
+def _finished_runs(repo: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(identity.json, result.json) of every finished training run under runs/, newest first."""
+    from pipelines.rundir import read_json, runs_root
+
+    found = []
+    for ident_file in sorted(runs_root(repo).glob("*/*/*/train/seed-*/identity.json"), reverse=True):
+        result = read_json(ident_file.parent / "result.json")
+        ident = read_json(ident_file)
+        if isinstance(result, dict) and isinstance(ident, dict) and result.get("status") == "finished":
+            found.append((ident, result))
+    return found
+
+
+def _reuse(spec: ExperimentSpec, seeds: list[int], baseline: ExperimentSpec | None,
+           repo: Path) -> tuple[Any, tuple[int, int]]:
+    """How many planned runs already finished under runs/ with the same spec, data version and
+    seed: those `pipeline run` reuses instead of training when the code version matches too.
+    The code version needs git (processes); the plan stays process-free and says so. The
+    tracking server may hold more (another checkout's runs); the plan reads only this disk."""
+    from pipelines.rundir import data_cache_root
+    from validation.plan.decision import Reuse
+
+    runs = _finished_runs(repo)
+    if not runs:
+        return Reuse(0, 0 if baseline is not None else None, "no finished run under runs/"), (0, 0)
+    cache = data_cache_root(repo)
+    if not cache.is_dir():
+        return Reuse(None, None, "no prepared data yet, so no data version to match"), (0, 0)
+    try:
+        from pipelines.dataprep.inputs import compute_version
+
+        counts = []
+        for who in (spec, baseline):
+            if who is None:
+                counts.append(0)
+                continue
+            data = compute_version(who.data, repo, cache).version
+            done = {ident.get("seed") for ident, _ in runs
+                    if ident.get("spec_hash") == who.spec_hash() and ident.get("data_version") == data}
+            counts.append(sum(seed in done for seed in seeds))
+    except (OSError, PipelineError) as exc:
+        return Reuse(None, None, f"the data version is not known yet: {str(exc).splitlines()[0]}"), (0, 0)
+    note = ("same spec and data under runs/; reused unless trainer/, validation/ or the model's files "
+            "changed since, and the tracking server may hold more")
+    return Reuse(counts[0], counts[1] if baseline is not None else None, note), (counts[0], counts[1])
+
+
+def _seed_values(runs: list[tuple[dict[str, Any], dict[str, Any]]], spec_hash: str, metric: str) -> dict[int, float]:
+    """seed -> final `metric` of the newest finished run of `spec_hash` (any code version)."""
+    values: dict[int, float] = {}
+    for ident, result in runs:
+        value = (result.get("final_metrics") or {}).get(metric)
+        seed = ident.get("seed")
+        if ident.get("spec_hash") == spec_hash and isinstance(seed, int) and isinstance(value, int | float) \
+                and value > 0 and seed not in values:
+            values[seed] = float(value)
+    return values
+
+
+def _detectable(spec: ExperimentSpec, baseline: ExperimentSpec | None, repo: Path) -> Any:
+    """The effect the planned paired seeds detect with `reports.verdict.POWER`, from the verdict's
+    own power function. The seed noise (sd of the per-seed log ratios) comes from finished runs
+    of this spec and its baseline on shared seeds, else from the baseline's seed spread (x sqrt 2,
+    the verdict's seeds hint), at the verdict's upper confidence bound; without runs the line
+    gives the effect as a multiple of the noise and at two reference noise levels."""
+    from statistics import stdev
+
+    from reports.verdict import POWER, SD_CONFIDENCE, planning_sd
+    from validation.plan.decision import Detectable
+
+    h = spec.hypothesis
+    n = h.seeds
+    multiple = _noise_multiple(n, h.alpha) if n >= 2 else None
+    noise, source, measured = None, "", None
+    if baseline is not None and n >= 2:
+        runs = _finished_runs(repo)
+        mine = _seed_values(runs, spec.spec_hash(), h.metric)
+        theirs = _seed_values(runs, baseline.spec_hash(), h.metric)
+        shared = sorted(set(mine) & set(theirs))
+        if len(shared) >= 2:
+            measured = stdev(math.log(mine[s] / theirs[s]) for s in shared)
+            noise, source = planning_sd(measured, len(shared)), f"{len(shared)} finished paired seeds under runs/"
+        elif len(theirs) >= 2:
+            measured = math.sqrt(2) * stdev(math.log(v) for v in theirs.values())
+            noise, source = planning_sd(measured, len(theirs)), \
+                f"the baseline's spread over {len(theirs)} finished seeds x sqrt 2"
+        if noise is not None:
+            source = f"its {100 * SD_CONFIDENCE:.0f} % upper bound, from {source}, as the verdict sizes seeds"
+            if noise <= 0:
+                noise, source = None, ""
+    if n < 2:
+        return Detectable(n, POWER, h.alpha, None)
+    if noise is not None:
+        return Detectable(n, POWER, h.alpha, multiple, _effect_at(n, noise, h.min_effect, h.alpha, h.direction),
+                          noise, source, measured)
+    examples = tuple((level, _effect_at(n, level, h.min_effect, h.alpha, h.direction)) for level in (0.005, 0.02))
+    return Detectable(n, POWER, h.alpha, multiple, noise_source="no finished runs to measure the seed noise yet",
+                      examples=examples)
+
+
+def _noise_multiple(n: int, alpha: float) -> float:
+    """k with: detectable log effect = margin + k x sd (`reports.verdict.power` is a function of
+    (log effect - margin) sqrt(n) / sd): bisection on the verdict's own power at sd 1."""
+    from reports.verdict import POWER, power
+
+    def reaches(k: float) -> bool:
+        # "increase" with min_effect 1 puts the margin at log 2 on the log scale; k above it.
+        return power(n, 1.0, 1.0, alpha, effect=math.expm1(math.log(2.0) + k), direction="increase") >= POWER
+
+    low, high = 0.0, 1.0
+    while not reaches(high):
+        low, high = high, high * 2
+        if high > 1e6:
+            return math.inf
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (low, mid) if reaches(mid) else (mid, high)
+    return high
+
+
+def _effect_at(n: int, sd: float, min_effect: float, alpha: float, direction: str) -> float | None:
+    """The smallest true relative effect `reports.verdict.power` calls supported with POWER at
+    seed noise `sd`; None when not even an effect next to the largest possible is."""
+    from reports.verdict import POWER, power
+
+    upper = 0.999999 if direction == "decrease" else 1e6
+    if power(n, sd, min_effect, alpha, effect=upper, direction=direction) < POWER:
+        return None
+    low, high = min_effect, upper
+    for _ in range(80):
+        mid = (low + high) / 2
+        low, high = (low, mid) if power(n, sd, min_effect, alpha, effect=mid, direction=direction) >= POWER \
+            else (mid, high)
+    return high
+
+
+BYTES_PER_TOKEN_ESTIMATE = 3.2
+"""Input bytes per token when the data is not prepared yet: the demo corpus's byte-level BPE
+at vocabulary 2,048 measured 2.98-3.31 (`pipeline data prepare`, per-source bytes/tok); larger
+vocabularies pack more bytes into a token, so the passes shown are then a lower bound."""
+
+
+def _corpus_tokens(spec: ExperimentSpec, repo: Path) -> tuple[dict[str, int] | None, bool, str]:
+    """Training tokens per source: the prepared version's counts when it is in the cache, else
+    input bytes / BYTES_PER_TOKEN_ESTIMATE (minus the held-out fraction)."""
+    from pipelines.dataprep.inputs import compute_version
+    from pipelines.dataprep.sources import resolve_files
+    from pipelines.rundir import data_cache_root
+    from validation.files import read_json
+
+    cache = data_cache_root(repo)
+    try:
+        if cache.is_dir():
+            version = compute_version(spec.data, repo, cache).version
+            stats = read_json(cache / version / "stats.json")
+            sources = (stats or {}).get("sources") if isinstance(stats, dict) else None
+            if isinstance(sources, dict):
+                counted = {s.name: int(sources[s.name].get("train_tokens") or 0) for s in spec.data.sources
+                           if isinstance(sources.get(s.name), dict)}
+                if counted and all(counted.values()):
+                    return counted, True, ""
+        sizes = {s.name: sum(p.stat().st_size for p in resolve_files(s, repo)) for s in spec.data.sources}
+    except (OSError, PipelineError) as exc:
+        return None, False, f"the data is not there yet: {str(exc).splitlines()[0]}"
+    keep = 1.0 - spec.data.eval_fraction
+    estimate = {name: max(1, int(size * keep / BYTES_PER_TOKEN_ESTIMATE)) for name, size in sizes.items()}
+    return estimate, False, f"at {BYTES_PER_TOKEN_ESTIMATE:g} bytes/token; `pipeline data prepare` counts them"

@@ -157,13 +157,17 @@ def test_plan_json_shows_only_changed_fields_against_the_baseline(monkeypatch: p
     assert plan["resolved"]["train"]["lr"] == 0.006
 
 
-def test_plan_text_has_diff_and_resolved_spec(monkeypatch: pytest.MonkeyPatch):
+def test_plan_text_has_diff_and_the_resolved_spec_only_when_asked(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(REPO)
     result = _run("plan", "experiments/more-code.yaml")
     assert result.exit_code == 0, result.output
     assert "  data.sources[0].weight: 0.4 -> 0.6" in result.stdout
-    assert "resolved spec:" in result.stdout
+    assert "resolved spec:" not in result.stdout and "--resolved" in result.stdout
     assert "model.hidden_size" not in result.stdout  # unchanged fields are not listed
+    full = _run("plan", "experiments/more-code.yaml", "--resolved")
+    assert full.exit_code == 0, full.output
+    assert full.stdout.startswith(result.stdout.split("\n(`--resolved`")[0])
+    assert "resolved spec:" in full.stdout and "  model:" in full.stdout
 
 
 def test_plan_of_bad_file_prints_issues_exit_2(monkeypatch: pytest.MonkeyPatch):

@@ -129,13 +129,15 @@ def _wrapper_what(p: ParallelPlan) -> str:
     return "DDP gradient buckets"
 
 
-def render_plan_text(plan: Plan) -> str:
-    """A compact two-column table for the terminal."""
+def render_plan_text(plan: Plan, *, title: str | None = None, warnings: bool = True) -> str:
+    """A compact two-column table for the terminal. `pipeline plan` prints it below the decision
+    (`validation.plan.decision`) under its own `title`, the warnings already said above it."""
     rows = _plan_rows(plan)
     width = max(len(k) for k, _ in rows)
-    lines = [f"plan: {plan.experiment} (spec {plan.spec_hash})"]
+    lines = [title or f"plan: {plan.experiment} (spec {plan.spec_hash})"]
     lines += [f"  {key.ljust(width)}  {value}" for key, value in rows]
-    lines += [f"  warning: {w}" for w in plan.warnings]
+    if warnings:
+        lines += [f"  warning: {w}" for w in plan.warnings]
     return "\n".join(lines) + "\n"
 
 
