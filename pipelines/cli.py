@@ -7,7 +7,10 @@ the command functions, so `pipeline validate` stays fast on any runner.
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
+from typer.core import TyperOption
 
 from trainer.mlflow_endpoint import bound_mlflow_http
 from validation.environment import apply_offline_env
@@ -31,7 +34,7 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    # Imported here so each module can stay independent; order = order in --help.
+    # Imported here so each module can stay independent; `--help` orders them by PANELS.
     from pipelines import (
         cmd_contract,
         cmd_data,
@@ -47,8 +50,69 @@ def _register() -> None:
         module.register(app)
 
 
+# `pipeline --help` by who runs each command, one example per panel; a command missing here
+# lands in "Other" and `tests/unit/test_cli_help.py` fails until it is placed. Within a panel,
+# commands in this order, then command groups (`data`, `runners`: typer lists them last).
+PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "researcher": (
+        "Researcher: write, check and run an experiment (e.g. pipeline plan experiments/higher-lr.yaml)",
+        ("validate", "plan", "smoke", "run", "demo", "status", "cancel", "runs", "report", "contract", "schema",
+         "data"),
+    ),
+    "ci": (
+        "CI: what the GitHub workflows run (e.g. pipeline validate experiments/*.yaml --format github)",
+        ("train", "comment", "chatops", "promote", "attest", "plan-launch", "cancel-training", "job-identity"),
+    ),
+    "operator": (
+        "Operator: machines, runners, the tracking server (e.g. pipeline doctor experiments/base.yaml)",
+        ("doctor", "replay-metrics", "runners", "provenance"),
+    ),
+}
+OTHER_PANEL = "Other"
+
+
+def command_names(typer_app: typer.Typer) -> list[tuple[str, Any]]:
+    """(name on the command line, its registration) of every command and command group."""
+    found: list[tuple[str, Any]] = []
+    for command in typer_app.registered_commands:
+        callback_name = command.callback.__name__ if command.callback else ""
+        found.append((command.name or callback_name.replace("_", "-"), command))
+    for group in typer_app.registered_groups:
+        instance = group.typer_instance
+        name = group.name if isinstance(group.name, str) else instance.info.name if instance else None
+        found.append((str(name), group))
+    return found
+
+
+def _sort_into_panels(typer_app: typer.Typer) -> None:
+    """Each command into its panel, the panels in PANELS' order and each command at its place
+    in its panel's list (the order a researcher meets them: validate, plan, smoke, run, ...)."""
+    order = {name: (rank, place) for rank, (_, names) in enumerate(PANELS.values())
+             for place, name in enumerate(names)}
+    panel_of = {name: title for title, names in PANELS.values() for name in names}
+    named = command_names(typer_app)
+    for name, registration in named:
+        registration.rich_help_panel = panel_of.get(name, OTHER_PANEL)
+    rank = {id(registration): order.get(name, (len(PANELS), 0)) for name, registration in named}
+    typer_app.registered_commands.sort(key=lambda c: rank[id(c)])
+    typer_app.registered_groups.sort(key=lambda g: rank[id(g)])
+
+
+def _flag_type(self: TyperOption, ctx: Any) -> str | None:
+    """No `<bool>` after a flag: it takes no value (`--dry-run`, not `--dry-run <bool>`)."""
+    if self.is_flag and self.metavar is None:
+        return None
+    return _option_type(self, ctx)
+
+
+# typer 0.2x prints every option's type, a flag's included; a flag is shown as written.
+_option_type = TyperOption.display_type_rich
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+
+
 try:
     _register()
+    _sort_into_panels(app)
     _PLUGIN_ERROR: Exception | None = None
 except Exception as exc:  # noqa: BLE001 - only a broken file under models/ is expected here
     from models import PluginError
