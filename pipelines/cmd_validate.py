@@ -479,7 +479,7 @@ def _decision(spec: ExperimentSpec, resolved: ResolvedExperiment, plan_obj: Any,
     return Decision(
         experiment=spec.name, runs=len(seeds) + base_runs, total_wall_seconds=total,
         train_wall_seconds=train_wall, eval_steps=steps, detectable=detectable, reuse=reuse, data=passes,
-        warnings=decision_warnings(spec, steps, passes, detectable),
+        warnings=decision_warnings(spec, steps, passes, detectable), sweep=spec.sweep is not None,
     )
 
 

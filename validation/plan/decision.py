@@ -87,6 +87,8 @@ class Decision:
     reuse: Reuse
     data: DataPasses
     warnings: tuple[str, ...] = ()
+    sweep: bool = False
+    """A sweep: the figures are one configuration's; the plan's sweep section prices every trial."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -207,7 +209,8 @@ def decision_rows(plan: Plan, decision: Decision, min_effect: float) -> list[tup
         ("layout", f"{p.describe()} on {r.nodes} node(s) x {per_node} {unit}: {_short_why(plan)}"),
         ("memory", f"{format_bytes(m.total_bytes)} of {format_bytes(m.capacity_bytes)} per device "
                    f"({m.headroom_pct:.0f}% free, {fits})"),
-        ("time", f"{format_duration(c.wall_seconds)} per run; {total}"),
+        ("time", f"{format_duration(c.wall_seconds)} per run; {total}"
+                 + ("; one configuration: the sweep section below prices every trial" if decision.sweep else "")),
         ("cost", f"{spent}{hours} (budget {r.max_gpu_hours:g} GPU-hours); tier {plan.tier.name}: {approvals}"),
         ("detectable", _detectable_line(decision.detectable, min_effect)),
         ("reuse", _reuse_line(decision.reuse, plan.seeds, baseline_runs)),
