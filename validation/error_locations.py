@@ -146,8 +146,15 @@ class SpecIssues:
             return
         if kind == "extra_forbidden":
             allowed = _field_names(path[:-1], doc.data)
-            hint = did_you_mean(str(path[-1]), allowed)
-            self.add_at(doc, path, f"unknown key '{path[-1]}'{hint}", at_key=True)
+            key = str(path[-1])
+            hint = did_you_mean(key, allowed)
+            if not hint and SYNONYMS.get(key) in allowed:
+                hint = f"; did you mean '{SYNONYMS[key]}'?"
+            if not hint and allowed:
+                where = dotted(path[:-1]) if path[:-1] else "the top level"
+                hint = (f"; {where} takes {', '.join(allowed)}" if len(allowed) <= 16
+                        else f"; the keys of {where} are in experiments/schema.json (editor completion)")
+            self.add_at(doc, path, f"unknown key '{key}'{hint}", at_key=True)
             return
         if kind in ("union_tag_invalid", "union_tag_not_found"):
             self._map_tag_error(doc, path, error)
@@ -173,6 +180,18 @@ class SpecIssues:
                     self.add_at(doc, target, message)
                 return
         self.add_at(doc, path, message)
+
+
+SYNONYMS = {
+    "learning_rate": "lr", "steps": "max_steps", "num_steps": "max_steps", "max_iters": "max_steps",
+    "train_steps": "max_steps", "batch_size": "micro_batch_size", "warmup": "warmup_steps",
+    "n_layers": "num_layers", "n_layer": "num_layers", "layers": "num_layers", "n_heads": "num_heads",
+    "n_head": "num_heads", "d_model": "hidden_size", "n_embd": "hidden_size", "dim": "hidden_size",
+    "seq_length": "seq_len", "max_seq_len": "seq_len", "context_length": "seq_len", "block_size": "seq_len",
+    "gradient_accumulation_steps": "grad_accum_steps", "clip_grad_norm": "grad_clip", "max_grad_norm": "grad_clip",
+}
+"""Names other trainers give a field (nanoGPT, Hugging Face, torchtitan): did-you-mean where
+spelling is no guide (`learning_rate` is not close to `lr`)."""
 
 
 def _clean(text: str) -> str:

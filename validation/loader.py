@@ -251,7 +251,8 @@ class _SpecLoader:
             self.issues.add_at(
                 doc,
                 ("hypothesis", "baseline"),
-                f"no experiment '{baseline}' in {EXPERIMENTS_DIR}/{hint}; use an experiment name or `champion`",
+                f"no experiment '{baseline}' in {EXPERIMENTS_DIR}/ (the name of another experiment file, or "
+                f"`champion`){hint}",
             )
 
 

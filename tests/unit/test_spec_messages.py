@@ -100,3 +100,11 @@ def test_an_unclosed_bracket_is_reported_at_the_bracket_that_opened_it(repo: Pat
         "experiments/unclosed.yaml:9:8: <yaml>: YAML syntax error: the '{' opened here is never closed "
         "(line 10 starts the next key); end it with '}': {hidden_size: 128, num_layers: 4}"
     )
+
+
+def test_a_key_from_another_trainer_is_mapped_and_an_unknown_one_lists_the_keys(repo: Path):
+    path = spec_file(repo, "hf-style", "train:\n  learning_rate: 0.001\n")
+    assert only_issue(path).endswith("train.learning_rate: unknown key 'learning_rate'; did you mean 'lr'?")
+    path = spec_file(repo, "zero", "parallel:\n  zero: 3\n")
+    assert only_issue(path).endswith(
+        "parallel.zero: unknown key 'zero'; parallel takes dp, tp, pp, pp_schedule, pp_split, fsdp, reduce_dtype")
