@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 import pytest
+import scipy.stats  # noqa: F401 - the verdict's power imports it on first use: paid at collection, once
 import typer
 from typer.testing import CliRunner
 
