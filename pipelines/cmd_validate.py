@@ -459,7 +459,7 @@ def _decision(spec: ExperimentSpec, resolved: ResolvedExperiment, plan_obj: Any,
     """`validation.plan.decision.Decision` for `plan_obj`: the figures the spec alone gives, plus
     what the disk knows (finished runs, the prepared data) and `reports.verdict`'s power."""
     from validation.plan import make_plan
-    from validation.plan.decision import Decision, data_passes, decision_warnings, eval_steps
+    from validation.plan.decision import Decision, data_passes, decision_warnings, eval_points, eval_steps
 
     compute, cost = plan_obj.compute, plan_obj.cost
     seeds = list(resolved.seeds)
@@ -478,7 +478,8 @@ def _decision(spec: ExperimentSpec, resolved: ResolvedExperiment, plan_obj: Any,
     passes = data_passes(spec, compute.tokens, tokens, counted, note)
     return Decision(
         experiment=spec.name, runs=len(seeds) + base_runs, total_wall_seconds=total,
-        train_wall_seconds=train_wall, eval_steps=steps, detectable=detectable, reuse=reuse, data=passes,
+        train_wall_seconds=train_wall, eval_points=eval_points(compute.steps, spec.train.eval_interval),
+        eval_steps=steps, detectable=detectable, reuse=reuse, data=passes,
         warnings=decision_warnings(spec, steps, passes, detectable), sweep=spec.sweep is not None,
     )
 
@@ -583,7 +584,7 @@ def _detectable(spec: ExperimentSpec, baseline: ExperimentSpec | None, repo: Pat
                       examples=examples)
 
 
-def _noise_multiple(n: int, alpha: float) -> float:
+def _noise_multiple(n: int, alpha: float) -> float | None:
     """k with: detectable log effect = margin + k x sd (`reports.verdict.power` is a function of
     (log effect - margin) sqrt(n) / sd): bisection on the verdict's own power at sd 1."""
     from reports.verdict import POWER, power
@@ -595,8 +596,8 @@ def _noise_multiple(n: int, alpha: float) -> float:
     low, high = 0.0, 1.0
     while not reaches(high):
         low, high = high, high * 2
-        if high > 1e6:
-            return math.inf
+        if high > 1e6:  # not reached for n >= 2
+            return None
     for _ in range(50):
         mid = (low + high) / 2
         low, high = (low, mid) if reaches(mid) else (mid, high)

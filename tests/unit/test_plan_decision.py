@@ -17,7 +17,14 @@ from typer.testing import CliRunner
 from pipelines import cmd_validate
 from reports.verdict import POWER, planning_sd, power
 from validation.loader import load_spec
-from validation.plan.decision import MAX_PASSES, Detectable, data_passes, decision_warnings, eval_steps
+from validation.plan.decision import (
+    MAX_PASSES,
+    Detectable,
+    data_passes,
+    decision_warnings,
+    eval_points,
+    eval_steps,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,6 +70,7 @@ def test_the_detectable_effect_is_where_the_verdicts_power_reaches_80_percent():
         assert power(n, sd, 0.03, 0.05, effect=effect * 0.99, direction=direction) < POWER
     # The multiple of the noise: margin + k sd on the log scale is that same effect.
     k = cmd_validate._noise_multiple(3, 0.05)
+    assert k is not None
     effect = cmd_validate._effect_at(3, 0.01, 0.03, 0.05, "increase")
     assert math.log1p(effect) == pytest.approx(math.log1p(0.03) + k * 0.01, rel=1e-6)
     assert cmd_validate._effect_at(2, 5.0, 0.03, 0.05, "decrease") is None  # no effect reaches it
@@ -95,6 +103,7 @@ def test_the_seed_noise_is_measured_on_finished_paired_runs_and_sized_like_the_v
 def test_passes_over_the_data_and_evaluation_points_are_warned_about():
     spec = load_spec(REPO / "experiments/published/llama3-8b.yaml")
     assert eval_steps(60, 50) == (50, 60) and eval_steps(500, 500) == (500,) and eval_steps(200, 50)[-1] == 200
+    assert eval_points(10**7, 1) == 10**7 and eval_steps(10**7, 1) == (1, 2, 3, 4, 5, 10**7)  # not listed whole
     # The case: 32.77 M tokens per run over a 1.6 M-token corpus (weights 0.4 / 0.4 / 0.2).
     tokens = {"code": 1_065_944, "docs": 345_714, "reference": 136_599}
     passes = data_passes(spec, 32_768_000, tokens, counted=True)

@@ -82,7 +82,10 @@ class Decision:
     """Those runs one after another (the local flow trains them in turn)."""
     train_wall_seconds: float | None
     """What is left once the finished runs are reused; None when reuse is unknown."""
+    eval_points: int
+    """Evaluations per run."""
     eval_steps: tuple[int, ...]
+    """Their steps: all of them up to 6, else the first 5 and the last."""
     detectable: Detectable
     reuse: Reuse
     data: DataPasses
@@ -93,14 +96,21 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["data"]["most"] = self.data.most
-        out["eval_points"] = len(self.eval_steps)
         return out
 
 
-def eval_steps(total_steps: int, interval: int) -> tuple[int, ...]:
-    """The steps a run evaluates at (trainer/loop.py): every `interval` steps before the last,
+def eval_points(total_steps: int, interval: int) -> int:
+    """How many times a run evaluates (trainer/loop.py): every `interval` steps before the last,
     then once at the end."""
-    return (*range(interval, total_steps, interval), total_steps)
+    return (total_steps - 1) // interval + 1
+
+
+def eval_steps(total_steps: int, interval: int) -> tuple[int, ...]:
+    """The steps a run evaluates at: all of them up to 6, else the first 5 and the last (a run of
+    10 million steps evaluated every step is not listed)."""
+    if eval_points(total_steps, interval) <= 6:
+        return (*range(interval, total_steps, interval), total_steps)
+    return (*range(interval, 6 * interval, interval), total_steps)
 
 
 def data_passes(spec: ExperimentSpec, run_tokens: int, train_tokens: dict[str, int] | None,
@@ -132,7 +142,7 @@ def decision_warnings(spec: ExperimentSpec, steps: tuple[int, ...], data: DataPa
         out.append(
             f"evaluation gives {len(steps)} point{'s' if len(steps) > 1 else ''} per run (step{'s' if len(steps) > 1 else ''} "
             f"{shown}): the eval curves show no trend; set train.eval_interval: {interval} for "
-            f"{len(eval_steps(total, interval))} points")
+            f"{eval_points(total, interval)} points")
     if spec.hypothesis.seeds >= 2 and detectable.effect is None and detectable.noise is not None:
         out.append(f"{spec.hypothesis.seeds} paired seeds do not reach {detectable.power:.0%} power for any effect "
                    f"at the measured noise; add seeds or reduce the noise")
@@ -215,9 +225,15 @@ def decision_rows(plan: Plan, decision: Decision, min_effect: float) -> list[tup
         ("detectable", _detectable_line(decision.detectable, min_effect)),
         ("reuse", _reuse_line(decision.reuse, plan.seeds, baseline_runs)),
         ("data", _data_line(decision.data)),
-        ("evaluation", f"{len(decision.eval_steps)} point(s) per run (steps "
-                       f"{', '.join(map(str, decision.eval_steps[:6]))}{', ...' if len(decision.eval_steps) > 6 else ''})"),
+        ("evaluation", f"{decision.eval_points} point(s) per run (steps {_steps_text(decision)})"),
     ]
+
+
+def _steps_text(decision: Decision) -> str:
+    shown = [str(s) for s in decision.eval_steps]
+    if decision.eval_points > len(shown):
+        shown.insert(-1, "...")
+    return ", ".join(shown)
 
 
 def _short_why(plan: Plan) -> str:
