@@ -115,3 +115,17 @@ def test_passes_over_the_data_and_evaluation_points_are_warned_about():
     assert warnings[1].startswith("evaluation gives 1 point per run (step 500)")
     few = data_passes(spec, 32_768, tokens, counted=True)
     assert decision_warnings(spec, eval_steps(500, 50), few, Detectable(1, POWER, 0.05, None)) == ()
+
+
+def test_the_pr_workflow_still_cuts_the_dry_run_block_out_of_the_plan_text(clean: Path, monkeypatch: pytest.MonkeyPatch):
+    """experiment-pr.yml keeps `sed -n '/^dry run/,/^resolved spec:/{/^resolved spec:/d;p}'` of
+    `pipeline plan --dry-run --format text` for the comment, and result_bundle.py the text before
+    "\\nresolved spec:": the dry run stays the last block, the resolved spec absent by default."""
+    block = "dry run: peak 1.0 GiB per device (plan 1.0 GiB, +0 %)\n  weights 1 GiB"
+    monkeypatch.setattr(cmd_validate, "_dry_run", lambda spec: ({"peak_bytes": 1}, block, []))
+    text = _plan("experiments/next-line-lr.yaml", "--dry-run").stdout
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("dry run"))
+    cut = [line for line in lines[start:] if not line.startswith("resolved spec:")]
+    assert "\n".join(cut).strip() == block
+    assert text.split("\nresolved spec:", 1)[0] == text  # the bundle keeps all of it
