@@ -89,6 +89,10 @@ def test_all_bad_files_at_once_report_every_file(monkeypatch: pytest.MonkeyPatch
     assert payload["ok"] is False
     assert [f["file"] for f in payload["files"]] == files
     assert all(not f["ok"] and f["issues"] for f in payload["files"])
+    # Every message in the project's words: pydantic's phrasing and raw patterns never leak.
+    messages = [i["message"] for f in payload["files"] for i in f["issues"]]
+    leaked = [m for m in messages if re.search(r"Input should|String should|List should|pattern '|\^\(", m)]
+    assert leaked == []
 
 
 # --------------------------------------------------------------------------- output formats
