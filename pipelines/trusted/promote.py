@@ -4,7 +4,9 @@ For each experiment a merged PR adds or changes, the model is promoted only when
 
 1. a training run *finished* on the PR's final head SHA (MLflow tag
    `pipeline.git_sha` equals that SHA, and the tree was not dirty);
-2. its verdict passes the gates (`supported`), or someone with write access other than
+2. its verdict passes the gates (`supported`, computed by the trusted attest job itself:
+   `pipeline.verdict_by=trusted`; a verdict the pull request's code computed never passes,
+   whatever it says), or someone with write access other than
    the author applied the override label (`promote-override`), as the PR's label events
    show (who applied it is asked of the API, not assumed), *after* the attested training of
    the final head started (its workflow run's `created_at`) and after the head's last
@@ -36,8 +38,11 @@ is never created here: `pipeline provenance setup` makes it, owned by the attest
 previous champion keeps the alias `previous-champion`. Running it twice changes nothing
 the second time. A refused promotion says why in the experiment's sticky comment.
 
-Where the verdict comes from: the attestation's `pipeline.verdict`, which the attestor read
-from the report artifact of that workflow run (only its own training job can upload it).
+Where the verdict comes from: the attestation's `pipeline.verdict`, which the attest job
+computed from the attested metrics against the claim's registration under the trusted launch
+plan (`pipeline.verdict_by=trusted`, single experiments and sweeps alike). An attestation made
+without a plan carries the report's own verdict (`pipeline.verdict_by=report`, computed by the
+pull request's code): promotion refuses it and says so; the override label still applies.
 The model version's source is the attestation run's copy of `model/`, its run id the
 training run's (the champion's metrics stay where they were logged).
 """
@@ -63,6 +68,8 @@ TRAIN_WORKFLOW = ".github/workflows/experiment-train.yml"
 # run, from the `train` label, runs the PR's copy and is not accepted as provenance).
 TRUSTED_TRAIN_EVENTS = frozenset({"issue_comment", "workflow_dispatch"})
 PREVIOUS = "previous-champion"
+TRUSTED_VERDICT = "trusted"
+"""`pipeline.verdict_by` of a verdict the attest job computed (pipelines/trusted/provenance.py)."""
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -85,6 +92,9 @@ class TrainingRecord:
     pr: int | None = None
     workflow_run_id: int | None = None
     attestation_run_id: str | None = None  # the provenance run that vouches for it (trusted writer)
+    verdict_by: str | None = None
+    """Who computed `verdict`: `trusted` (the attest job, from attested metrics) is the only one
+    that counts; `report` (the pull request's code) or None does not."""
 
 
 @dataclass(frozen=True)
@@ -205,11 +215,17 @@ def check_gates(
             reasons.append(f"the training run on `{short}` did not finish (status {record.status})")
         if record.dirty:
             reasons.append("the training run was made from a working tree with uncommitted changes")
-        passed = record.gates_passed if record.gates_passed is not None else record.verdict == "supported"
+        trusted = record.verdict_by == TRUSTED_VERDICT
+        passed = trusted and (record.gates_passed if record.gates_passed is not None else record.verdict == "supported")
         if not passed and override_by is None:
             verdict = record.verdict or "missing (no report)"
-            reasons.append(f"the verdict is {verdict}; a reviewer with write access can apply "
-                           f"the `{OVERRIDE_LABEL}` label to promote anyway")
+            if not trusted and record.verdict:
+                reasons.append(f"the verdict `{verdict}` was computed by the pull request's own code, not by the "
+                               "trusted attest job (no launch plan for it), so it does not count; a reviewer with "
+                               f"write access can apply the `{OVERRIDE_LABEL}` label to promote anyway")
+            else:
+                reasons.append(f"the verdict is {verdict}; a reviewer with write access can apply "
+                               f"the `{OVERRIDE_LABEL}` label to promote anyway")
             if early_override:
                 reasons.append(f"the `{OVERRIDE_LABEL}` label was applied before the training of `{short}` "
                                "started (or before its last force-push), so it was not given for this commit and "
@@ -425,7 +441,8 @@ def promote_pull(
             assert record is not None
             tags = {
                 "pipeline.pr": str(number), "pipeline.sha": pr.head_sha, "pipeline.experiment": exp,
-                "pipeline.verdict": record.verdict or "", "pipeline.hypothesis": record.hypothesis[:5000],
+                "pipeline.verdict": record.verdict or "", "pipeline.verdict_by": record.verdict_by or "",
+                "pipeline.hypothesis": record.hypothesis[:5000],
                 "pipeline.approved_by": ",".join(approvals), "pipeline.override_by": override_by or "",
                 "pipeline.github_run_id": str(record.workflow_run_id or ""),
                 "pipeline.attestation_run_id": record.attestation_run_id or "",

@@ -15,7 +15,10 @@ environment `provenance` with the *attestor* credential the training job never s
    the approved SHA, not dirty, tagged with this workflow run id;
 4. writes one *attestation* run into the provenance experiment (writable by the attestor only:
    the trainer has the default READ there), with the PR, SHA, experiment, workflow run, the
-   training run ids, their status and the verdict, and copies the first candidate's `model/`
+   training run ids, their status and the verdict (the one it computed itself from the
+   attested metrics under the launch plan, `pipeline.verdict_by=trusted`, for a single
+   experiment and a sweep's winner alike; without a plan the report's own, tagged
+   `pipeline.verdict_by=report`, which promotion does not accept), and copies the first candidate's `model/`
    artifacts into it (a place the trainer cannot overwrite later). It reads artifacts only
    from the server's own `mlflow-artifacts:` location (`artifact_location_problem`): the
    attestor's credential goes wherever the client fetches them, and an experiment's artifact
@@ -167,9 +170,10 @@ def attest(
 ) -> Attestation:
     """Check the training job's claims against MLflow and write the attestation (attestor credential).
 
-    With the launch plan (`pipelines.trusted.registry.ExperimentPlan`, from the trusted `plan` job) the
-    verdict recorded is the one trusted code computes from the attested metrics against the
-    claim's registration (the report's own is kept as `pipeline.reported_verdict`), candidate
+    With the launch plan (`pipelines.trusted.registry.ExperimentPlan`, from the trusted `plan` job;
+    single experiments and sweeps alike) the verdict recorded is the one trusted code computes
+    from the attested metrics against the claim's registration (`pipeline.verdict_by=trusted`;
+    the report's own is kept as `pipeline.reported_verdict`), candidate
     runs the plan let the job reuse need not be this job's, and the launch goes into the
     trusted registry (`trusted_code`: the commit's code outside experiments/ is the default
     branch's, so its runs may be reused by any launch)."""
@@ -182,7 +186,8 @@ def attest(
     problems: list[str] = []
     statuses = []
     if plan is None:  # the attest job names the plan file the trusted `plan` job wrote
-        from pipelines.trusted.registry import launch_plan, trusted_code_at
+        from pipelines.launch_plan import launch_plan
+        from pipelines.trusted.registry import trusted_code_at
 
         given = launch_plan()
         plan = given.for_experiment(experiment) if given is not None and given.sha == sha else None
@@ -218,11 +223,16 @@ def attest(
         "pipeline.github_run_id": str(workflow_run_id), "pipeline.training_run_id": ids[0],
         "pipeline.training_run_ids": ",".join(ids), "pipeline.training_status": status,
         "pipeline.verdict": verdict or "", "pipeline.hypothesis": hypothesis, "pipeline.attested_by": ATTESTED_BY,
+        # No plan for this experiment: the verdict is the report's own (PR code computed it), and
+        # promotion does not accept it (pipelines/trusted/promote.py: only `trusted` counts).
+        "pipeline.verdict_by": "report",
     }
     if trusted is not None:
+        from pipelines.trusted.registry import verdict_tags
+
         tags |= {"pipeline.verdict": trusted.outcome, "pipeline.reported_verdict": verdict or "",
                  "pipeline.verdict_by": "trusted", "pipeline.launch_kind": plan.kind,
-                 "pipeline.record_problems": "; ".join(fact_problems)[:5000]}
+                 "pipeline.record_problems": "; ".join(fact_problems)[:5000], **verdict_tags(trusted)}
     run = client.create_run(store, tags=tags, run_name=f"pr-{pr}-{experiment}-{sha[:12]}")
     where = artifact_location_problem(run.info.artifact_uri, tracking_uri)
     if where:
@@ -283,6 +293,7 @@ class ProvenanceLookup:
             status=tags.get("pipeline.training_status", "UNKNOWN"),
             dirty=False,  # the attestor refused dirty runs
             verdict=tags.get("pipeline.verdict") or None,
+            verdict_by=tags.get("pipeline.verdict_by") or None,
             gates_passed=None,
             model_source=f"{best.info.artifact_uri.rstrip('/')}/{MODEL_DIR}",
             hypothesis=tags.get("pipeline.hypothesis", ""),

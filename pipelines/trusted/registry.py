@@ -297,16 +297,33 @@ class TrustedVerdict:
     kind: str
     reported: str | None
     """What the trained commit's own report said."""
+    seeds: tuple[int, ...] = ()
+    """The seeds of the attested candidate runs the verdict was computed from."""
+    sweep_trials: int = 0
+    """A sweep's number of trials (0: not a sweep)."""
+    winner: str = ""
+    """A sweep's winning trial, whose configuration the attested candidate runs have."""
 
     @property
     def differs(self) -> bool:
         return self.reported != self.outcome
 
+    def attested(self) -> str:
+        """What the verdict was computed from, in one sentence (validated names and numbers only)."""
+        runs = f"the candidate's runs on seed(s) {_seeds(self.seeds)}" if self.seeds else "no candidate run"
+        if self.sweep_trials:
+            runs = (f"the sweep's winner{f' `{self.winner}`' if self.winner else ''} of {self.sweep_trials} trials, "
+                    f"trained again: {runs} (the trials picked it on their own seeds and decide nothing)")
+        return (f"Attested by this launch's trusted attest job from the metrics of {runs}, against the baseline on "
+                "the same seeds: this is the verdict promotion uses.")
+
     def headline(self) -> str:
-        """The comment's first line about the verdict (markdown; every part is validated or ours)."""
+        """The comment's first line about the verdict and what was attested (markdown; every part
+        is validated or ours)."""
         line = f"**Verdict (trusted, from attested metrics): {self.outcome}**"
         if self.kind == EXPLORATORY:
             line += " (this launch was exploratory: the claim's registration decides)"
+        line += f"\n\n{self.attested()}"
         if self.differs:
             line += (f"\n\n> The pull request's own report says `{self.reported or 'no verdict'}`; it was computed by "
                      "the pull request's code and is not the verdict promotion uses.")
@@ -342,8 +359,8 @@ def attested_facts(client: Any, registry: TrustedRegistry | None, plan: Experime
                     problems.append(f"run {rid} is not the champion's training run")
                 continue
             if rid in plan.reuse.get(role, ()) and registry is not None:
-                earlier = [r for r in registry.runs(code_version=expected.get("code_version", "0" * 8),
-                                                    spec_hash=expected.get("spec_hash", "0" * 8))
+                earlier = [r for c in configurations(expected)
+                           for r in registry.runs(code_version=c["code_version"], spec_hash=c["spec_hash"])
                            if r.get("training_run_id") == rid]
                 if earlier:
                     by_role[role].append({**earlier[0], "reused": True})
@@ -351,8 +368,11 @@ def attested_facts(client: Any, registry: TrustedRegistry | None, plan: Experime
             facts = training_run_facts(client, rid)
             run = client.get_run(rid)
             tags = run.data.tags
-            own = check_run_facts(facts, code_version=str(expected.get("code_version")),
-                                  spec_hashes={str(expected.get("spec_hash"))})
+            # One of the configurations the plan computed (a sweep's: any trial's, as its winner).
+            same_code = [c for c in configurations(expected) if c["code_version"] == facts.get("code_version")]
+            own = check_run_facts(facts, code_version=str((same_code or configurations(expected) or [{}])[0]
+                                                          .get("code_version")),
+                                  spec_hashes={str(c["spec_hash"]) for c in same_code})
             # This job's: in its own job experiment (only its user can write there; the flow
             # tags `pipeline.github_run_id` on the candidate's runs only), or tagged with it.
             in_job = is_job_experiment(client.get_experiment(run.info.experiment_id).name, plan.experiment,
@@ -363,6 +383,11 @@ def attested_facts(client: Any, registry: TrustedRegistry | None, plan: Experime
             problems += own
             if not own:
                 by_role[role].append({**facts, "role": role})
+    judged = {str(f.get("spec_hash")) for f in by_role["candidate"]}
+    if len(judged) > 1:  # a sweep's verdict judges its one winner: several winners is a best of k
+        problems.append(f"the report names candidate runs of {len(judged)} configurations; the verdict judges one "
+                        "(the sweep's winner): no candidate run counts")
+        by_role["candidate"] = []
     return by_role, problems
 
 
@@ -411,10 +436,16 @@ def trusted_verdict(plan: ExperimentPlan, facts: Mapping[str, list[dict[str, Any
         return out
 
     candidates = records("candidate")
+    trials = int((plan.facts.get("sweep") or {}).get("trials") or 0)
+    judged = {str(f.get("spec_hash")) for f in facts.get("candidate", ())}
+    winner = next((str(c.get("trial", "")) for c in configurations(plan.facts.get("candidate") or {})
+                   if c["spec_hash"] in judged), "") if trials else ""
+    seeds = tuple(sorted({r.seed for r in candidates if r.seed is not None}))
+    winner = winner if _NAME.match(winner) else ""
     if not candidates:
-        return TrustedVerdict("inconclusive", "no attested candidate run", plan.kind, reported)
+        return TrustedVerdict("inconclusive", "no attested candidate run", plan.kind, reported, seeds, trials, winner)
     report = make_report(candidates, records("baseline"), view, experiment=plan.experiment, claim=plan.claim)
-    return TrustedVerdict(report.verdict.outcome, report.verdict.reason, plan.kind, reported)
+    return TrustedVerdict(report.verdict.outcome, report.verdict.reason, plan.kind, reported, seeds, trials, winner)
 
 
 def attested_verdict(client: Any, store: str, *, experiment: str, sha: str, workflow_run_id: int) -> TrustedVerdict | None:
@@ -433,7 +464,17 @@ def attested_verdict(client: Any, store: str, *, experiment: str, sha: str, work
     if outcome not in VERDICTS or (reported is not None and reported not in VERDICTS) or \
             kind not in (CONFIRMATORY, EXPLORATORY, PILOT):
         return None
-    return TrustedVerdict(outcome, "", kind, reported)
+    seeds = tuple(int(p) for p in tags.get("pipeline.attested_seeds", "").split(",") if p.lstrip("-").isdigit())
+    trials, winner = tags.get("pipeline.sweep_trials", ""), tags.get("pipeline.sweep_winner", "")
+    return TrustedVerdict(outcome, "", kind, reported, seeds=seeds, sweep_trials=int(trials) if trials.isdigit() else 0,
+                          winner=winner if _NAME.match(winner) else "")
+
+
+def verdict_tags(verdict: TrustedVerdict) -> dict[str, str]:
+    """What the attestation records of the trusted verdict besides its outcome (`attested_verdict`
+    reads them back for the headline)."""
+    return {"pipeline.attested_seeds": ",".join(map(str, verdict.seeds)),
+            "pipeline.sweep_trials": str(verdict.sweep_trials), "pipeline.sweep_winner": verdict.winner}
 
 
 def compose_report_body(verdict: TrustedVerdict | None, report_md: str) -> str:
@@ -471,6 +512,7 @@ def plan_launch(checkout: Path, experiments: Sequence[str], *, registry: Trusted
 
     now = time.time() if now is None else now
     tree = code_tree(checkout)
+    codes: dict[tuple[str, str], str] = {}
     planned: list[ExperimentPlan] = []
     for name in experiments:
         path = experiment_file(checkout, name)
@@ -478,23 +520,54 @@ def plan_launch(checkout: Path, experiments: Sequence[str], *, registry: Trusted
             raise UsageError(f"{name}: no single experiments/{name}.yaml at {sha[:12]}")
         with foreign_plugins_allowed():  # the PR's own architectures are data here, never imported
             resolved = resolve(path, checkout)
-            spec = resolved.spec
-            if spec.sweep is not None:
-                continue  # a sweep picks its own seeds; its job gets no plan entry and reuses nothing
-            plan = plan_claim(registry, spec, resolved.seeds, pr=pr, now=now)
-            roles = {"candidate": resolve(path, checkout, seeds=list(plan.seeds))}
-            if roles["candidate"].baseline.file is not None:
-                roles["baseline"] = resolve(Path(roles["candidate"].baseline.file), checkout, seeds=list(plan.seeds))
+            # A sweep is planned like any experiment: its claim is the search (the sweep spec
+            # hashes with its `sweep` section) against its baseline, its seeds the ones its
+            # winner is judged on; the winner may be any of its trials' configurations.
+            plan = plan_claim(registry, resolved.spec, resolved.seeds, pr=pr, now=now)
+            candidate = resolve(path, checkout, seeds=list(plan.seeds))
+            configurations = _sweep_winners(candidate) if candidate.spec.sweep is not None else [("", {}, candidate)]
+            baseline = (resolve(Path(candidate.baseline.file), checkout, seeds=list(plan.seeds))
+                        if candidate.baseline.file is not None else None)
         facts: dict[str, Any] = {"code_tree": tree}
         reuse: dict[str, tuple[str, ...]] = {}
-        for role, res in roles.items():
-            code = code_version(checkout, res.spec.model.model_type, res.spec.train.optimizer.name).tree
-            facts[role] = {"code_version": code, "spec_hash": res.spec_hash}
+        for role, choices in (("candidate", configurations), ("baseline", [("", {}, baseline)] if baseline else [])):
+            found: list[dict[str, Any]] = []
+            ids: list[str] = []
+            for trial, overrides, res in choices:
+                key = (res.spec.model.model_type, res.spec.train.optimizer.name)
+                if key not in codes:  # git trees: once per architecture and optimizer
+                    codes[key] = code_version(checkout, *key).tree
+                code = codes[key]
+                found.append({"code_version": code, "spec_hash": res.spec_hash,
+                              **({"trial": trial, "overrides": overrides} if trial else {})})
+                if registry is not None:
+                    ids += reusable(registry.runs(code_version=code, spec_hash=res.spec_hash), code_version=code,
+                                    spec_hash=res.spec_hash, seeds=plan.seeds, code_tree=tree)
+            if not found:
+                continue
+            facts[role] = {"code_version": found[0]["code_version"], "spec_hash": found[0]["spec_hash"]}
+            if role == "candidate" and candidate.spec.sweep is not None:
+                facts[role]["configurations"] = found
+                facts["sweep"] = {"trials": len(found)}
             if registry is not None:
-                reuse[role] = reusable(registry.runs(code_version=code, spec_hash=res.spec_hash), code_version=code,
-                                       spec_hash=res.spec_hash, seeds=plan.seeds, code_tree=tree)
+                reuse[role] = tuple(dict.fromkeys(ids))
         planned.append(replace(plan, reuse=reuse, facts=facts))
     return LaunchPlan(sha=sha, pr=pr, created_at_s=now, experiments=tuple(planned))
+
+
+def _sweep_winners(resolved: Any) -> list[tuple[str, dict[str, Any], Any]]:
+    """(trial name, overrides, resolved winner) for every trial of a sweep: the configuration
+    its job trains again on the plan's seeds if that trial wins (`pipelines.sweep`, pure)."""
+    from pipelines import sweep
+
+    return [(t.name, dict(t.overrides), sweep.winner_experiment(resolved, t)) for t in sweep.expand_trials(resolved)]
+
+
+def configurations(expected: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The (code version, spec hash) pairs a role's runs may have: one for an experiment, one
+    per trial for a sweep's candidate (the winner is any of them)."""
+    found = expected.get("configurations") or [expected]
+    return [dict(c) for c in found if isinstance(c, Mapping) and c.get("code_version") and c.get("spec_hash")]
 
 
 def open_registry(tracking_uri: str | None, provenance_id: str | None) -> TrustedRegistry | None:

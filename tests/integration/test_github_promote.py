@@ -48,37 +48,66 @@ TRAIN_RUN_ID = 9001  # the train workflow's run that made the MLflow runs (regis
 
 
 def train_run(uri: str, tmp: Path, sha: str, outcome: str | None, status: str = "FINISHED", exp_name: str = EXP,
-              pr: int = 1, run_id: int | None = TRAIN_RUN_ID) -> str:
-    """A finished run as the trainer and the reporter leave it: identity tags, the PR and the
-    train workflow's run id, model/, report/result.json."""
+              pr: int = 1, run_id: int | None = TRAIN_RUN_ID, planned: bool = True) -> str:
+    """Runs as the trainer and the reporter leave them (identity tags, the PR and the train
+    workflow's run id, model/, report/result.json): the candidate and its baseline on three
+    seeds, whose metrics make the trusted verdict `outcome` (supported: 10 % lower loss on
+    every seed; refuted: 10 % higher; inconclusive: one seed). The attest job of that workflow
+    run vouches for them under a launch plan (`planned`), or, without one, records the report's
+    own verdict, which promotion does not accept. Returns the first candidate run."""
     from mlflow.tracking import MlflowClient
+
+    from pipelines.identity import CodeVersion, RunIdentity
+    from pipelines.launch_plan import CONFIRMATORY, ExperimentPlan
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(exp_name)
     exp_id = exp.experiment_id if exp else client.create_experiment(exp_name, artifact_location=(tmp / "art").as_uri())
-    tags = {"pipeline.git_sha": sha, "pipeline.dirty": "false", "pipeline.experiment": exp_name,
-            "pipeline.pr": str(pr)}
-    if run_id is not None:
-        tags["pipeline.github_run_id"] = str(run_id)
-    run = client.create_run(exp_id, tags=tags)
+    seeds = (1,) if outcome == "inconclusive" else (1, 2, 3)
+    ratio = {"supported": 0.9, "refuted": 1.1}.get(outcome or "", 1.0)
+    code = CodeVersion(sha, "c0de", False, "")
+    ids: dict[str, list[str]] = {"candidate": [], "baseline": []}
+    for role, spec_hash in (("candidate", "5bec"), ("baseline", "ba5e")):
+        for seed in seeds:
+            tags = {"pipeline.git_sha": sha, "pipeline.dirty": "false", "pipeline.experiment": exp_name,
+                    "pipeline.pr": str(pr), "pipeline.identity": RunIdentity("", seed, code, spec_hash, "da7a").key,
+                    "pipeline.code_version": "c0de", "pipeline.spec_hash": spec_hash, "pipeline.data_version": "da7a",
+                    "pipeline.seed": str(seed), "pipeline.role": role}
+            if run_id is not None:
+                tags["pipeline.github_run_id"] = str(run_id)
+            run = client.create_run(exp_id, tags=tags)
+            loss = 3.5 * (ratio * (1 + 0.002 * (seed % 2)) if role == "candidate" else 1 + 0.001 * seed)
+            client.log_metric(run.info.run_id, "eval/loss", loss)
+            ids[role].append(run.info.run_id)
+    first = ids["candidate"][0]
     model = tmp / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text("{}")
-    client.log_artifacts(run.info.run_id, str(model), "model")
+    client.log_artifacts(first, str(model), "model")
+    hypothesis = {"statement": "A larger RoPE base lowers code eval loss.", "metric": "eval/loss",
+                  "direction": "decrease", "min_effect": 0.01, "alpha": 0.05, "seeds": len(seeds)}
     if outcome is not None:
         report = tmp / "report"
         report.mkdir(exist_ok=True)
-        (report / "result.json").write_text(json.dumps({
-            "verdict": {"outcome": outcome}, "hypothesis": {"statement": "A larger RoPE base lowers code eval loss."}}))
-        client.log_artifact(run.info.run_id, str(report / "result.json"), "report")
-    client.set_terminated(run.info.run_id, status)
+        (report / "result.json").write_text(json.dumps({"verdict": {"outcome": outcome}, "hypothesis": hypothesis}))
+        client.log_artifact(first, str(report / "result.json"), "report")
+    for rid in ids["candidate"] + ids["baseline"]:
+        client.set_terminated(rid, status)
     if run_id is not None:  # the trusted attest job of that workflow run vouches for it
         from pipelines.trusted.provenance import attest
 
+        registration = {"claim": "c1a1", "experiment": exp_name, "kind": "confirmatory", "seed_list": list(seeds),
+                        "registered_at_s": 1.0, "hypothesis": {k: hypothesis[k] for k in (
+                            "metric", "direction", "min_effect", "alpha", "seeds")}}
+        plan = ExperimentPlan(exp_name, "c1a1", CONFIRMATORY, seeds, registration, new_registration=True,
+                              facts={"code_tree": "t", "candidate": {"code_version": "c0de", "spec_hash": "5bec"},
+                                     "baseline": {"code_version": "c0de", "spec_hash": "ba5e"}})
         attest(tracking_uri=uri, pr=pr, sha=sha, experiment=exp_name, workflow_run_id=run_id,
-               result={"candidate_runs": [{"mlflow_run_id": run.info.run_id}], "verdict": {"outcome": outcome},
-                       "hypothesis": {"statement": "A larger RoPE base lowers code eval loss."}})
-    return run.info.run_id
+               plan=plan if planned else None,
+               result={"candidate_runs": [{"mlflow_run_id": r} for r in ids["candidate"]],
+                       "baseline_runs": [{"mlflow_run_id": r} for r in ids["baseline"]],
+                       "verdict": {"outcome": outcome}, "hypothesis": hypothesis})
+    return first
 
 
 def merged_event(n: int) -> PullRequestEvent:
@@ -196,3 +225,27 @@ def test_a_writer_who_pushed_to_someone_elses_pr_cannot_approve_it(gh: GitHubEmu
     gh.add_review(REPO, n, user="mia", state="APPROVED")
     (outcome,) = run_promotion(gh, tracking, n, "lm-pushed")
     assert outcome.promotion is not None and outcome.gate.approvals == ("mia",)
+
+
+# --------------------------------------------------------------------------- whose verdict (issue 36)
+
+
+def test_a_verdict_the_attest_job_did_not_compute_is_not_promoted(gh: GitHubEmulator, tracking: str,
+                                                                    tmp_path: Path) -> None:
+    """The review's finding: a sweep had no plan entry, so its attestation carried the pull
+    request's own verdict, and promotion took its `supported` like a trusted one. Now such an
+    attestation says who computed it (`report`) and promotion refuses it, saying why; the
+    override label still applies."""
+    n = emulated_repo(gh, files=("experiments/lr-sweep.yaml",))
+    train_run(tracking, tmp_path, SHA_A, "supported", exp_name="lr-sweep", pr=n, planned=False)
+    gh.add_review(REPO, n, user="erin", state="APPROVED")
+    gh.merge(REPO, n, merged_by="mia")
+    record = ProvenanceLookup(tracking).training_record("lr-sweep", SHA_A)
+    assert record is not None and record.verdict == "supported" and record.verdict_by == "report"
+    (outcome,) = run_promotion(gh, tracking, n, "lm-untrusted")
+    assert outcome.promotion is None
+    assert outcome.gate.reasons == ("the verdict `supported` was computed by the pull request's own code, not by the "
+                                    "trusted attest job (no launch plan for it), so it does not count; a reviewer "
+                                    "with write access can apply the `promote-override` label to promote anyway",)
+    (sticky,) = gh.comments(REPO, n)
+    assert "pull request's own code" in sticky["body"]

@@ -141,9 +141,10 @@ def _commit(repo: Path, files: dict[str, str]) -> str:
     return _git(repo, "rev-parse", "HEAD")
 
 
-def _train(client, plan, sha: str, *, role: str, experiment: str, loss: float) -> str:
-    """What the GPU job's trainer leaves in MLflow for one seed (tags from identity.json)."""
-    facts = plan.facts[role]
+def _train(client, plan, sha: str, *, role: str, experiment: str, loss: float, facts: dict | None = None) -> str:
+    """What the GPU job's trainer leaves in MLflow for one seed (tags from identity.json);
+    `facts`: the configuration trained (default: the plan's for the role)."""
+    facts = facts or plan.facts[role]
     seed = plan.seeds[0]
     key = RunIdentity(experiment, seed, CodeVersion(sha, facts["code_version"], False, ""), facts["spec_hash"],
                       "da7a").key
@@ -175,7 +176,8 @@ def test_two_launches_share_the_trusted_registry(tmp_path: Path, monkeypatch: py
     monkeypatch.chdir(checkout)  # the attest job's working directory: the default branch (here: the same code)
     uri = server.uri
     client = MlflowClient(tracking_uri=uri)
-    store = client.create_experiment(PROVENANCE_EXPERIMENT)
+    found = client.get_experiment_by_name(PROVENANCE_EXPERIMENT)  # the module's server: any test may come first
+    store = found.experiment_id if found else client.create_experiment(PROVENANCE_EXPERIMENT)
     registry = TrustedRegistry(client, store)
 
     # The trusted `plan` job's command, then the plan file the GPU and attest jobs are given.
@@ -238,3 +240,83 @@ def test_two_launches_share_the_trusted_registry(tmp_path: Path, monkeypatch: py
     (fourth,) = plan_launch(checkout, ["tiny-lr-v2"], registry=registry, sha=sha2, pr=6).experiments
     assert fourth.kind == CONFIRMATORY and fourth.new_registration and fourth.seeds == (100,)
     assert fourth.registration["pr"] == 6 and "#5" in fourth.reason
+
+
+SWEEP = """\
+name: lr-sweep
+owner: ml-platform
+extends: tiny-base.yaml
+hypothesis:
+  statement: The better of two peak learning rates lowers the held-out loss of the tiny model.
+  metric: eval/loss
+  direction: decrease
+  min_effect: 0.01
+  baseline: tiny-base
+sweep: {parameters: {train.lr: [0.004, 0.006]}, max_trials: 2, selection_seeds: 1, prune: false}
+"""
+
+
+def test_a_sweep_is_planned_and_attested_like_an_experiment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           server: MlflowServer) -> None:
+    """Issue 36: `plan_launch` skipped sweeps, so a sweep's attestation carried the pull request's
+    own verdict. Now its claim (the search and its baseline) is registered on the plan's seeds,
+    the winner may be any trial's configuration and only one, and the verdict is the attest job's."""
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.trusted.provenance import ProvenanceLookup
+    from pipelines.trusted.registry import attested_facts
+
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    _git(checkout, "init", "-q")
+    sha = _commit(checkout, {"pyproject.toml": "[project]\nname = 'x'\n", "trainer/loop.py": "# trainer\n",
+                             "experiments/tiny-base.yaml": BASE, "experiments/lr-sweep.yaml": SWEEP,
+                             "data/demo/code.jsonl": '{"text": "x"}\n', "data/demo/docs.jsonl": '{"text": "y"}\n'})
+    monkeypatch.chdir(checkout)
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    client = MlflowClient(tracking_uri=server.uri)
+    if client.get_experiment_by_name(PROVENANCE_EXPERIMENT) is None:
+        client.create_experiment(PROVENANCE_EXPERIMENT)
+    plan_file = tmp_path / "plan.json"
+    assert main(["plan", "--checkout", str(checkout), "--experiment", "lr-sweep", "--sha", sha, "--pr", "11",
+                 "--out", str(plan_file)]) == 0
+    monkeypatch.setenv("PIPELINE_LAUNCH_PLAN", str(plan_file))
+    (plan,) = launch_plan().experiments
+    assert plan.kind == CONFIRMATORY and plan.new_registration and plan.seeds == (1234,)
+    winners = plan.facts["candidate"]["configurations"]
+    assert [w["trial"] for w in winners] == ["lr-sweep-t1", "lr-sweep-t2"] and plan.facts["sweep"] == {"trials": 2}
+    assert len({w["spec_hash"] for w in winners}) == 2 and plan.facts["baseline"]["spec_hash"] not in {
+        w["spec_hash"] for w in winners}
+
+    # The GPU job: trial 2 won; its configuration trained again on the plan's seed, the baseline too.
+    cand = _train(client, plan, sha, role="candidate", experiment="lr-sweep", loss=3.6, facts=winners[1])
+    base = _train(client, plan, sha, role="baseline", experiment="tiny-base", loss=3.5)
+    result = {"candidate_runs": [{"mlflow_run_id": cand}], "baseline_runs": [{"mlflow_run_id": base}],
+              "verdict": {"outcome": "supported"}, "hypothesis": {"statement": "s", "metric": "eval/loss",
+                                                                   "direction": "decrease", "min_effect": 0.01}}
+    # A report naming the winners of two trials judges a best of two: no candidate run counts.
+    other = _train(client, plan, sha, role="candidate", experiment="lr-sweep", loss=3.0, facts=winners[0])
+    two = {**result, "candidate_runs": [{"mlflow_run_id": cand}, {"mlflow_run_id": other}]}
+    facts, problems = attested_facts(client, None, plan, two, sha=sha, workflow_run_id=RUN_ID)
+    assert facts["candidate"] == [] and any("2 configurations" in p for p in problems)
+
+    done = attest(tracking_uri=server.uri, pr=11, sha=sha, experiment="lr-sweep", workflow_run_id=RUN_ID,
+                  result=result)
+    assert done.verdict == "inconclusive"  # the attest job's (one seed), not the report's "supported"
+    tags = client.get_run(done.run_id).data.tags
+    assert tags["pipeline.verdict_by"] == "trusted" and tags["pipeline.reported_verdict"] == "supported"
+    assert tags["pipeline.sweep_winner"] == "lr-sweep-t2" and tags["pipeline.record_problems"] == ""
+    record = ProvenanceLookup(server.uri).training_record("lr-sweep", sha)
+    assert record is not None and record.verdict_by == "trusted" and record.verdict == "inconclusive"
+    (tmp_path / "report.md").write_text("## lr-sweep\n")
+    assert main(["headline", "--experiment", "lr-sweep", "--sha", sha, "--workflow-run-id", str(RUN_ID),
+                 "--report", str(tmp_path / "report.md"), "--out", str(tmp_path / "body.md")]) == 0
+    body = (tmp_path / "body.md").read_text()
+    assert body.startswith("**Verdict (trusted, from attested metrics): inconclusive**")
+    assert "the sweep's winner `lr-sweep-t2` of 2 trials, trained again: the candidate's runs on seed(s) 1234" in body
+
+    # The next launch of the sweep in this pull request continues its registration.
+    (again,) = plan_launch(checkout, ["lr-sweep"], registry=TrustedRegistry(client, client.get_experiment_by_name(
+        PROVENANCE_EXPERIMENT).experiment_id), sha=sha, pr=11).experiments
+    assert again.kind == CONFIRMATORY and not again.new_registration and again.claim == plan.claim

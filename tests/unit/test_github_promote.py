@@ -24,7 +24,7 @@ def review(user: str, state: str, sha: str = SHA_A, at: str = "2026-11-29T10:00:
 
 def record(**kw: object) -> TrainingRecord:
     values: dict = dict(experiment=EXP, mlflow_run_id="r1", code_version=SHA_A, status="FINISHED", dirty=False,
-                        verdict="supported", gates_passed=None, model_source="file:///m")
+                        verdict="supported", gates_passed=None, model_source="file:///m", verdict_by="trusted")
     values.update(kw)
     return TrainingRecord(**values)
 
@@ -102,3 +102,23 @@ def test_whoever_pushed_the_head_cannot_approve_it() -> None:
     reviews = [review("erin", "APPROVED"), review("mia", "APPROVED")]
     assert counted_approvals(reviews, head_sha=SHA_A, author="dana", permissions=WRITERS,
                              pushers=("erin",)) == ("mia",)
+
+
+# --------------------------------------------------------------------------- whose verdict (issue 36)
+
+
+def test_only_the_verdict_the_attest_job_computed_promotes() -> None:
+    """A sweep's attestation used to carry the pull request's own verdict (no plan entry), and
+    promotion read it like any other: a `supported` from PR code promoted."""
+    for by in (None, "report", "anything"):
+        gate = check_gates(experiment=EXP, head_sha=SHA_A, record=record(verdict_by=by), approvals=("mia",),
+                           required_approvals=1, override_by=None)
+        assert not gate.ok and len(gate.reasons) == 1
+        assert "computed by the pull request's own code" in gate.reasons[0] and "promote-override" in gate.reasons[0]
+        assert not check_gates(experiment=EXP, head_sha=SHA_A, record=record(verdict_by=by, gates_passed=True),
+                               approvals=("mia",), required_approvals=1, override_by=None).ok
+        # Overrides only: a writer other than the author may still promote it, by the label.
+        assert check_gates(experiment=EXP, head_sha=SHA_A, record=record(verdict_by=by), approvals=("mia",),
+                           required_approvals=1, override_by="erin").ok
+    assert check_gates(experiment=EXP, head_sha=SHA_A, record=record(verdict_by="trusted"), approvals=("mia",),
+                       required_approvals=1, override_by=None).ok

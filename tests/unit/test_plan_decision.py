@@ -110,8 +110,8 @@ def test_passes_over_the_data_and_evaluation_points_are_warned_about():
     assert passes.corpus_tokens == sum(tokens.values())
     assert passes.per_source["reference"] == pytest.approx(0.2 * 32_768_000 / 136_599)
     warnings = decision_warnings(spec, eval_steps(500, 500), passes, Detectable(1, POWER, 0.05, None))
-    assert warnings[0].startswith(f"the run passes over the data {passes.most:.0f} times (reference; 32.77 M tokens "
-                                  "over a 1.55 M-token corpus)") and passes.most > MAX_PASSES
+    assert warnings[0].startswith("the run passes over the data 21 times (32.77 M tokens over a 1.55 M-token corpus), "
+                                  f"over source reference {passes.most:.0f} times") and passes.most > MAX_PASSES
     assert warnings[1].startswith("evaluation gives 1 point per run (step 500)")
     few = data_passes(spec, 32_768, tokens, counted=True)
     assert decision_warnings(spec, eval_steps(500, 50), few, Detectable(1, POWER, 0.05, None)) == ()

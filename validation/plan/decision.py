@@ -130,12 +130,13 @@ def decision_warnings(spec: ExperimentSpec, steps: tuple[int, ...], data: DataPa
     most = data.most
     if most is not None and most > MAX_PASSES:
         worst = max(data.per_source, key=lambda name: data.per_source[name])
+        overall = data.run_tokens / data.corpus_tokens if data.corpus_tokens else 0.0
         out.append(
-            f"the run passes over the data {most:.0f} times ({worst}; {format_count(data.run_tokens)} tokens over "
-            f"{'a' if data.counted else 'an estimated'} {format_count(data.corpus_tokens or 0)}-token corpus): "
-            f"beyond about {MAX_PASSES:g} passes repeated data teaches little and the model memorises it; "
-            "add data, or fewer steps (train.max_steps / train.token_budget)")
-    if len(steps) < MIN_EVAL_POINTS:
+            f"the run passes over the data {overall:.0f} times ({format_count(data.run_tokens)} tokens over "
+            f"{'a' if data.counted else 'an estimated'} {format_count(data.corpus_tokens or 0)}-token corpus), "
+            f"over source {worst} {most:.0f} times: beyond about {MAX_PASSES:g} passes repeated data teaches "
+            "little and the model memorises it; add data, or fewer steps (train.max_steps / train.token_budget)")
+    if len(steps) < MIN_EVAL_POINTS and steps[-1] >= MIN_EVAL_POINTS:
         total = steps[-1]
         interval = max(1, total // 6)
         shown = " and ".join(str(s) for s in steps)
