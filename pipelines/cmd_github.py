@@ -27,7 +27,8 @@ runners_app = typer.Typer(help="Self-hosted runners: list, just-in-time registra
 provenance_app = typer.Typer(help="Trusted provenance in MLflow: users, store, registered model.",
                               no_args_is_help=True)
 
-job_credential_app = typer.Typer(help="One MLflow user per training job (pipelines/trusted/job_identity.py).",
+job_credential_app = typer.Typer(help="One MLflow identity per launch, bound to its GitHub OIDC token "
+                                       "(pipelines/trusted/job_identity.py).",
                                   no_args_is_help=True)
 
 RepoOpt = Annotated[str | None, typer.Option("--repo", help="owner/name (default: $GITHUB_REPOSITORY).")]
@@ -42,7 +43,7 @@ def register(app: typer.Typer) -> None:
     app.command("cancel-training")(cancel_training)
     app.command("plan-launch")(plan_launch)
     app.add_typer(provenance_app, name="provenance")
-    app.add_typer(job_credential_app, name="job-credential")
+    app.add_typer(job_credential_app, name="job-identity")
     app.add_typer(runners_app, name="runners")
 
 
@@ -295,6 +296,8 @@ def attest(
     workflow_run_id: Annotated[int, typer.Option("--workflow-run-id", envvar="GITHUB_RUN_ID", min=1)],
     tracking_uri: Annotated[str | None, typer.Option(
         "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db).")] = None,
+    attempt: Annotated[int, typer.Option("--attempt", envvar="GITHUB_RUN_ATTEMPT", min=1,
+                                         help="The workflow run's attempt: only this launch's runs count.")] = 1,
 ) -> None:
     """After training (trusted job, attestor credential): check the runs the report names and
     write the attestation promotion reads. Exit 10 when the claims do not match."""
@@ -305,7 +308,7 @@ def attest(
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
         try:
             done = attest(tracking_uri=uri, pr=pr, sha=sha, experiment=experiment, workflow_run_id=workflow_run_id,
-                          result=read_result(result_file),
+                          result=read_result(result_file), attempt=attempt,
                           provenance_id=os.environ.get("MLFLOW_PROVENANCE_EXPERIMENT_ID") or None)
         except AttestationRefused as exc:
             # The reasons quote names read from MLflow (PR-chosen): `shown` escaped them already;
@@ -331,10 +334,10 @@ def _summary(line: str) -> None:
 def provenance_setup(
     tracking_uri: Annotated[str, typer.Option("--tracking-uri", envvar="MLFLOW_TRACKING_URI")],
     model_name: Annotated[str, typer.Option("--model-name", envvar="PIPELINE_REGISTRY_MODEL")] = "gitops-train",
-    trainer_user: Annotated[str, typer.Option("--trainer-user")] = "trainer",
+    reader_user: Annotated[str, typer.Option("--reader-user")] = "reader",
     attestor_user: Annotated[str, typer.Option("--attestor-user")] = "attestor",
 ) -> None:
-    """Operator, once: create the trainer and attestor users (passwords from $MLFLOW_TRAINER_PASSWORD,
+    """Operator, once: create the read-only and attestor users (passwords from $MLFLOW_READER_PASSWORD,
     $MLFLOW_ATTESTOR_PASSWORD; admin from $MLFLOW_ADMIN_USERNAME/$MLFLOW_ADMIN_PASSWORD), then the
     provenance experiment and the registered model as the attestor. Prints the experiment id
     to set as the repository variable MLFLOW_PROVENANCE_EXPERIMENT_ID."""
@@ -349,7 +352,7 @@ def provenance_setup(
             return value
 
         done = setup(tracking_uri=tracking_uri, model_name=model_name,
-                     trainer=(trainer_user, env("MLFLOW_TRAINER_PASSWORD")),
+                     reader=(reader_user, env("MLFLOW_READER_PASSWORD")),
                      attestor=(attestor_user, env("MLFLOW_ATTESTOR_PASSWORD")),
                      admin=(os.environ.get("MLFLOW_ADMIN_USERNAME", "admin"), env("MLFLOW_ADMIN_PASSWORD")))
         typer.echo(f"MLFLOW_PROVENANCE_EXPERIMENT_ID={done.provenance_experiment_id}")
@@ -383,11 +386,12 @@ TrackingOpt = Annotated[str, typer.Option("--tracking-uri", envvar="MLFLOW_TRACK
 
 
 @job_credential_app.command("create")
-def job_credential_create(experiments: ExperimentsOpt, tracking_uri: TrackingOpt, workflow_run_id: RunIdOpt,
-                          attempt: AttemptOpt = 1) -> None:
-    """Broker job: per experiment a user that can write only its own new experiment; the sealed
-    credentials go to the step output `tokens` (JSON), the user names to `users`. Admin from
-    $MLFLOW_ADMIN_USERNAME/$MLFLOW_ADMIN_PASSWORD, the sealing key from $JOB_CREDENTIAL_KEY."""
+def job_identity_create(experiments: ExperimentsOpt, tracking_uri: TrackingOpt, workflow_run_id: RunIdOpt,
+                        attempt: AttemptOpt = 1) -> None:
+    """Trusted `job-identity` job: the launch's MLflow user and its job experiments, EDIT on
+    those only. Nothing secret leaves this job: the training job proves it is this launch with
+    its GitHub OIDC token. The user name goes to the step output `users`. Admin from
+    $MLFLOW_ADMIN_USERNAME/$MLFLOW_ADMIN_PASSWORD."""
 
     def run() -> None:
         import json
@@ -396,30 +400,25 @@ def job_credential_create(experiments: ExperimentsOpt, tracking_uri: TrackingOpt
 
         names = jc.parse_experiments(experiments)
         if not jc.has_users(tracking_uri):  # a local store (the act tests, a laptop): no users to make
-            jc.github_output("tokens", "{}")
             jc.github_output("users", "[]")
-            typer.echo(f"{tracking_uri or 'no tracking URI'}: not an MLflow server, no job users made")
+            typer.echo(f"{tracking_uri or 'no tracking URI'}: not an MLflow server, no job identity made")
             return
-        key = os.environ.get(jc.KEY_ENV) or ""
-        if not key:
-            raise UsageError(f"set {jc.KEY_ENV} (a Fernet key, a secret of this and the gpu-training environment)")
-        tokens = jc.create_for_launch(tracking_uri=tracking_uri, admin=jc.admin_from_env(), key=key,
-                                      workflow_run_id=workflow_run_id, attempt=attempt, experiments=names)
-        jc.github_output("tokens", json.dumps(tokens, sort_keys=True, separators=(",", ":")))
-        jc.github_output("users", json.dumps([jc.job_user(workflow_run_id, attempt, n) for n in names]))
+        made = jc.create(tracking_uri=tracking_uri, admin=jc.admin_from_env(), workflow_run_id=workflow_run_id,
+                         attempt=attempt, experiments=names)
+        jc.github_output("users", json.dumps([made.username]))
         for name in names:
-            typer.echo(f"{name}: user {jc.job_user(workflow_run_id, attempt, name)}, "
+            typer.echo(f"{name}: user {made.username} (GitHub OIDC token of this launch), "
                        f"experiment {jc.job_experiment(workflow_run_id, attempt, name)!r}")
 
     _guarded(run)
 
 
 @job_credential_app.command("revoke")
-def job_credential_revoke(experiments: ExperimentsOpt, tracking_uri: TrackingOpt, workflow_run_id: RunIdOpt,
-                          attempt: AttemptOpt = 1,
-                          users: Annotated[str, typer.Option("--users", help="JSON list (the broker's `users`).")] = "[]",
-                          ) -> None:
-    """Cleanup job (always): delete the job users of this launch (their runs stay, read-only)."""
+def job_identity_revoke(tracking_uri: TrackingOpt, workflow_run_id: RunIdOpt, attempt: AttemptOpt = 1,
+                        users: Annotated[str, typer.Option("--users", help="JSON list (job-identity's `users`).")] = "[]",
+                        ) -> None:
+    """Cleanup job (always): delete the launch's MLflow user and anything it made or shared
+    (its runs stay, read-only)."""
 
     def run() -> None:
         import json
@@ -433,12 +432,10 @@ def job_credential_revoke(experiments: ExperimentsOpt, tracking_uri: TrackingOpt
         if not jc.has_users(tracking_uri):
             typer.echo("not an MLflow server: no job users to delete")
             return
-        wanted = dict.fromkeys([*named, *(jc.job_user(workflow_run_id, attempt, n)
-                                          for n in jc.parse_experiments(experiments))])
         admin = jc.admin_from_env()
-        for username in wanted:
-            gone = jc.revoke(tracking_uri=tracking_uri, admin=admin, username=username)
-            typer.echo(f"{username}: {'deleted' if gone else 'not there'}")
+        for username in dict.fromkeys([*named, jc.job_user(workflow_run_id, attempt)]):
+            for line in jc.revoke(tracking_uri=tracking_uri, admin=admin, username=username):
+                typer.echo(line)
 
     _guarded(run)
 

@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -308,13 +309,15 @@ class ExperimentFlow:
 
         cache = data_cache_root(self.repo)
         ensure_disk_space(cache, need_gb=1.0, what="data preparation")
-        return prepare_data(spec.data, self.repo, cache_root=cache, progress=True)
+        return prepare_data(spec.data, self.repo, cache_root=cache, progress=True,
+                            expected_digests=_attested_data_digests())
 
     def prepare_quietly(self, spec: ExperimentSpec):
         """The spec's data without progress output: for data `prepare` has already made."""
         from pipelines.dataprep.prepare import prepare_data
 
-        return prepare_data(spec.data, self.repo, cache_root=data_cache_root(self.repo), progress=False)
+        return prepare_data(spec.data, self.repo, cache_root=data_cache_root(self.repo), progress=False,
+                            expected_digests=_attested_data_digests())
 
     def _check(self, spec: ExperimentSpec, prepared, base_prepared, out_dir: Path) -> StageOutcome:
         from validation.data.checks import run_data_checks
@@ -364,6 +367,7 @@ class ExperimentFlow:
                            role: str, identity: RunIdentity) -> tuple[Path, bool]:
         spec = resolved.spec
         from reports.prereg import register_hypothesis
+        from reports.records import launch_estimate
 
         existing = self._reusable_local(finished_training_runs(self.repo).get(identity.key))
         if existing is None and not self.options.force:  # another checkout may have trained it
@@ -399,9 +403,16 @@ class ExperimentFlow:
             seed_dir / "identity.json",
             identity.to_dict(run_id=f"{run_dir.name}-s{seed}", pr=self.options.pr, launcher=launcher,
                              head_sha=self.options.sha, role=role, claim=claim,
+                             # The bytes trained on (the data version names the inputs only): the
+                             # attest job records it, and later launches check the cache against it.
+                             data_digest=prepared.content_digest,
                              hypothesis_registered=json.dumps(registered["hypothesis"], sort_keys=True),
+                             # The approved plan's cost of this run, recorded at launch for the report
+                             # (and as MLflow tags): `spec` as loaded from the file, as the plan priced it.
+                             **launch_estimate(spec),
                              **(cont.record() if cont is not None else {})),
         )
+        self._resume_planned(spec.name, role, seed, seed_dir, identity)
         if cont is not None and continuation.seed_run(cont, seed_dir):
             self.reporter.stage(spec.name, "train", "continued", f"seed {seed} from {cont.checkpoint} "
                                 f"({continuation.describe(cont.before)} -> {continuation.describe(cont.after)})")
@@ -461,6 +472,47 @@ class ExperimentFlow:
             raise training_failure(spec.name, seed, seed_dir, state)  # a startup failure exits 14, like the trainer
         self._publish_record(spec.name, seed_dir)
         return seed_dir, False
+
+    def _resume_planned(self, experiment: str, role: str, seed: int, seed_dir: Path, identity: RunIdentity) -> None:
+        """A `/train` after the runner was lost: the trusted plan names the checkpoint an earlier
+        launch of this commit recorded for this run (`facts["resume"]`, pipelines/trusted/registry.py
+        `resume_points`); it is copied in, and the trainer resumes from it, only when its manifest
+        still hashes to the recorded digest and every file matches the manifest. Anything else on
+        the shared storage (a checkpoint someone planted) is never loaded."""
+        from pipelines.launch_plan import launch_plan
+        from trainer.checkpoint.format import checkpoint_name, list_checkpoints, verify_checkpoint
+        from validation.files import sha256_file
+
+        plan = launch_plan()
+        if plan is None or list_checkpoints(seed_dir / "checkpoints"):
+            return
+        points = [e.facts.get("resume", {}).get(role, {}).get(str(seed)) for e in plan.experiments]
+        point = next((p for p in points if isinstance(p, dict) and p.get("spec_hash") == identity.spec_hash
+                      and p.get("code_version") == identity.code.tree), None)
+        if point is None:
+            return
+        source = Path(str(point["path"]))
+        manifest = source / "MANIFEST.json"
+        problem = ("its MANIFEST.json is gone" if not manifest.is_file()
+                   else "its MANIFEST.json is not the one that launch recorded"
+                   if sha256_file(manifest) != point["manifest_sha256"] else verify_checkpoint(source))
+        if problem:
+            self.reporter.stage(experiment, "train", "warning", f"seed {seed}: not resuming from {source} "
+                                f"(step {point['step']}): {problem}; training from the start")
+            return
+        target = seed_dir / "checkpoints" / checkpoint_name(int(point["step"]))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.with_name(f".tmp_resume_{target.name}")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(source, staging, symlinks=False)
+        if verify_checkpoint(staging) is not None or sha256_file(staging / "MANIFEST.json") != point["manifest_sha256"]:
+            shutil.rmtree(staging, ignore_errors=True)  # changed while copying: not this launch's
+            self.reporter.stage(experiment, "train", "warning", f"seed {seed}: {source} changed while copied; "
+                                "training from the start")
+            return
+        os.rename(staging, target)
+        self.reporter.stage(experiment, "train", "resumed", f"seed {seed} from the lost launch's checkpoint at "
+                            f"step {point['step']} (MLflow run {point['run_id']}, manifest verified)")
 
     @staticmethod
     def _reusable_local(existing: Path | None) -> Path | None:
@@ -566,6 +618,19 @@ class ExperimentFlow:
             "comment": str(comment) if comment else None,
         }
         return StageOutcome(outputs=outputs, artifacts=[(out_dir / "report.md", "file"), (out_dir / "result.json", "json")])
+
+
+def _attested_data_digests() -> dict[str, str]:
+    """data version -> content digest the trusted side recorded for it (the launch plan's
+    `data_digests`; none on a laptop): the shared cache is PR-writable, so a cached version is
+    used only when its content is the attested one (pipelines/dataprep/prepare.py)."""
+    from pipelines.launch_plan import launch_plan
+
+    plan = launch_plan()
+    found: dict[str, str] = {}
+    for entry in plan.experiments if plan is not None else ():
+        found |= {str(k): str(v) for k, v in (entry.facts.get("data_digests") or {}).items()}
+    return found
 
 
 def checkpoint_gb(spec: ExperimentSpec) -> float:

@@ -16,6 +16,7 @@ The pieces live beside this file, each behind one seam:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import resource
@@ -271,6 +272,7 @@ class Trainer:
         self.batcher = self._make_batcher()
         self.step_losses: list[tuple[int, float]] = []
         self.step_done_at: list[float] = []  # perf_counter after each step (benchmarks: windowed tokens/s)
+        self._recorded_checkpoint = -1
 
     # ------------------------------------------------------------------ small helpers
 
@@ -319,7 +321,28 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
+    def _record_checkpoints(self) -> None:
+        """Tag the MLflow run with the last published checkpoint and its manifest's sha256
+        (`pipeline.checkpoint`): in the GitHub flow the tag is written by this launch's own
+        identity, so the trusted plan of a later `/train` can name this checkpoint, and only
+        this one, to resume from after the runner was lost (pipelines/trusted/registry.py)."""
+        if not self.is_main:
+            return
+        done = [o for o in self.checkpointer.outcomes if o.ok and o.path is not None]
+        if not done or done[-1].step == self._recorded_checkpoint:
+            return
+        from validation.files import sha256_file
+
+        last = done[-1]
+        manifest = Path(str(last.path)) / "MANIFEST.json"
+        if manifest.is_file():
+            self.sink.set_tags({"pipeline.checkpoint": json.dumps(
+                {"step": last.step, "path": str(last.path), "manifest_sha256": sha256_file(manifest)},
+                sort_keys=True)})
+            self._recorded_checkpoint = last.step
+
     def save_checkpoint(self) -> None:
+        self._record_checkpoints()
         self.sink.flush()  # everything up to this step is recorded before it can be resumed from
         self.state.mlflow_run_id = self.sink.run_id if self.is_main else self.state.mlflow_run_id
         self.state.detector = self.detector.state()
@@ -327,6 +350,7 @@ class Trainer:
 
     def wait_checkpoints(self) -> None:
         self.ckpt_write_s = self.ckpt.wait()
+        self._record_checkpoints()
         self.alerts.drain_to_sink()
         self.comm.barrier()
 

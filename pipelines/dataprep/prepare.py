@@ -23,7 +23,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,7 @@ def prepare_data(
     workers: int | None = None,
     launcher: str = "local",
     slurm: SlurmOptions | None = None,
+    expected_digests: Mapping[str, str] | None = None,
 ) -> PreparedData:
     """Prepare (or reuse) the data version of `data`; idempotent, safe to call from several processes.
 
@@ -84,12 +85,13 @@ def prepare_data(
         workers = 1 if inputs.input_bytes < SMALL_INPUT_BYTES else (os.cpu_count() or 1)
     workers = max(1, workers)
     final = cache_root / inputs.version
-    cached = _open_if_valid(final)
+    expected = (expected_digests or {}).get(inputs.version)
+    cached = _open_if_valid(final, expected)
     if cached:
         return cached
     with _exclusive(cache_root / f".{inputs.version}.lock"):
         build = cache_root / f".build-{inputs.version}"
-        cached = _open_if_valid(final)  # another process may have finished meanwhile
+        cached = _open_if_valid(final, expected)  # another process may have finished meanwhile
         if cached:
             shutil.rmtree(build, ignore_errors=True)  # left by a run killed between rename and clean-up
             return cached
@@ -107,14 +109,21 @@ def prepare_data(
         os.rename(done, final)
         shutil.rmtree(build, ignore_errors=True)
     prepared = PreparedData.open(final)
+    if expected and prepared.content_digest != expected:
+        raise DataError(f"data version {inputs.version}: prepared content {prepared.content_digest[:16]} differs from "
+                        f"the content attested for it ({expected[:16]}): the inputs or the preparation code changed "
+                        "under the same version; not trained on")
     return prepared
 
 
-def _open_if_valid(final: Path) -> PreparedData | None:
+def _open_if_valid(final: Path, expected: str | None = None) -> PreparedData | None:
     if not final.exists():
         return None
     try:
         prepared = PreparedData.open(final)
+        if expected and prepared.content_digest != expected:
+            raise DataError(f"content {prepared.content_digest[:16]} is not the content attested for this version "
+                            f"({expected[:16]}): rewritten on the shared cache")
     except (DataError, OSError, ValueError, KeyError) as exc:
         log.warning("discarding cached data %s: %s; rebuilding", final.name, exc)
         trash = final.with_name(f".corrupt-{final.name}-{secrets.token_hex(4)}")

@@ -101,14 +101,22 @@ def shown(text: str, limit: int = 100) -> str:
 
 
 def check_training_run(
-    *, run_id: str, experiment_name: str, tags: Mapping[str, str], experiment: str, sha: str, workflow_run_id: int
+    *, run_id: str, experiment_name: str, tags: Mapping[str, str], experiment: str, sha: str, workflow_run_id: int,
+    attempt: int = 1, server: bool = True,
 ) -> list[str]:
-    """Why this MLflow run is not the training the attestation is for ([] = it is)."""
+    """Why this MLflow run is not the training the attestation is for ([] = it is).
+
+    On a tracking server (`server`) only a run in this launch's own job experiment counts
+    (`<experiment>/job-<run>-<attempt>`, made by the trusted `job-identity` job and writable by
+    this launch's identity alone): tags are the job's to write, so a run elsewhere that claims
+    this workflow run proves nothing. A local store (a laptop) has one identity: `<experiment>`."""
     problems = []
     from pipelines.trusted.job_identity import is_job_experiment
 
-    if experiment_name != experiment and not is_job_experiment(experiment_name, experiment, workflow_run_id):
-        problems.append(f"run {run_id} is in MLflow experiment {shown(experiment_name)!r}, not `{experiment}`")
+    own = is_job_experiment(experiment_name, experiment, workflow_run_id, attempt)
+    if not own and (server or experiment_name != experiment):
+        problems.append(f"run {run_id} is in MLflow experiment {shown(experiment_name)!r}, not this launch's "
+                        f"`{experiment}/job-{workflow_run_id}-{attempt}`")
     if tags.get("pipeline.git_sha") != sha:
         problems.append(f"run {run_id} was not made from the approved commit `{sha[:12]}`")
     if tags.get("pipeline.dirty", "false").lower() == "true":
@@ -141,6 +149,11 @@ def artifact_location_problem(artifact_uri: str, tracking_uri: str | None) -> st
 # --------------------------------------------------------------------------- MLflow adapter
 
 
+def _is_server(tracking_uri: str | None) -> bool:
+    """A tracking server has users (job identities); a local store (sqlite, files) has one."""
+    return (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "").startswith(("http://", "https://"))
+
+
 def _client(tracking_uri: str | None) -> Any:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from mlflow.tracking import MlflowClient
@@ -165,6 +178,7 @@ def attest(
     workflow_run_id: int,
     result: Mapping[str, Any],
     provenance_id: str | None = None,
+    attempt: int = 1,
     plan: Any = None,
     trusted_code: bool = False,
 ) -> Attestation:
@@ -196,8 +210,9 @@ def attest(
     for rid in ids:
         run = client.get_run(rid)
         exp_name = client.get_experiment(run.info.experiment_id).name
-        problems += [] if rid in reused else check_training_run(run_id=rid, experiment_name=exp_name, tags=run.data.tags,
-                                       experiment=experiment, sha=sha, workflow_run_id=workflow_run_id)
+        problems += [] if rid in reused else check_training_run(
+            run_id=rid, experiment_name=exp_name, tags=run.data.tags, experiment=experiment, sha=sha,
+            workflow_run_id=workflow_run_id, attempt=attempt, server=_is_server(tracking_uri))
         where = artifact_location_problem(run.info.artifact_uri, tracking_uri)
         if where:  # checked before any request to it: the attestor's credential would go there
             problems.append(f"run {rid}: {where}")
@@ -215,7 +230,8 @@ def attest(
         from pipelines.trusted.registry import TrustedRegistry, attested_facts, trusted_verdict
 
         registry = TrustedRegistry(client, store)
-        facts, fact_problems = attested_facts(client, registry, plan, result, sha=sha, workflow_run_id=workflow_run_id)
+        facts, fact_problems = attested_facts(client, registry, plan, result, sha=sha, workflow_run_id=workflow_run_id,
+                                             attempt=attempt, server=_is_server(tracking_uri))
         trusted = trusted_verdict(plan, facts, result.get("hypothesis") or {}, verdict)
     hypothesis = str((result.get("hypothesis") or {}).get("statement") or "")[:5000]
     tags = {
@@ -331,11 +347,13 @@ def rights_problems(what: str, permissions: Mapping[str, str], *, owner: str) ->
 
 
 def setup(
-    *, tracking_uri: str, model_name: str, trainer: tuple[str, str], attestor: tuple[str, str],
+    *, tracking_uri: str, model_name: str, reader: tuple[str, str], attestor: tuple[str, str],
     admin: tuple[str, str],
 ) -> SetupResult:
     """Users, the provenance experiment and the registered model, made with the attestor's
-    credential (so it holds MANAGE; the trainer keeps the server's default READ). Idempotent.
+    credential (so it holds MANAGE; the reader, the `plan` and `report` jobs' read-only login,
+    keeps the server's default READ). No training login is made: a training job's identity
+    is made per launch and revoked after it (pipelines/trusted/job_identity.py). Idempotent.
 
     Refuses (`UsageError`) a store or a model on which any non-admin user other than the
     attestor holds more than READ, as the basic-auth app resolves it (explicit grants, roles,
@@ -353,7 +371,7 @@ def setup(
     # The caller's credential (or none) is back afterwards, whoever logged in last.
     with scoped_environ(MLFLOW_TRACKING_USERNAME=admin[0], MLFLOW_TRACKING_PASSWORD=admin[1]):
         auth = get_app_client("basic-auth", tracking_uri=tracking_uri)
-        for name, password in (trainer, attestor):
+        for name, password in (reader, attestor):
             try:
                 auth.get_user(name)
             except MlflowException:

@@ -251,7 +251,8 @@ def _run_record(run: Any) -> dict[str, Any]:
     return {**tags, "metrics": dict(run.data.metrics), "record_run_id": run.info.run_id}
 
 
-RUN_FIELDS = ("training_run_id", "identity", "code_version", "spec_hash", "data_version", "seed", "role")
+RUN_FIELDS = ("training_run_id", "identity", "code_version", "spec_hash", "data_version", "data_digest", "seed",
+              "role")
 """What a `run` record keeps of an attested training run (besides its metrics)."""
 
 
@@ -261,6 +262,7 @@ def training_run_facts(client: Any, run_id: str) -> dict[str, Any]:
     run = client.get_run(run_id)
     tags = run.data.tags
     facts: dict[str, Any] = {k: tags.get(f"pipeline.{k}") for k in RUN_FIELDS if k != "training_run_id"}
+    facts = {k: v for k, v in facts.items() if v is not None or k != "data_digest"}
     return {**facts, "training_run_id": run_id, "metrics": dict(run.data.metrics)}
 
 
@@ -340,7 +342,8 @@ def _ids(result: Mapping[str, Any], key: str) -> list[str]:
 
 
 def attested_facts(client: Any, registry: TrustedRegistry | None, plan: ExperimentPlan, result: Mapping[str, Any], *,
-                   sha: str, workflow_run_id: int) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+                   sha: str, workflow_run_id: int, attempt: int = 1,
+                   server: bool = True) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
     """role -> facts of each run the report names (reused runs: the metrics attested earlier;
     runs trained by this job: as they are now, checked against the plan), and the problems."""
     from pipelines.trusted.job_identity import is_job_experiment
@@ -373,12 +376,15 @@ def attested_facts(client: Any, registry: TrustedRegistry | None, plan: Experime
             own = check_run_facts(facts, code_version=str((same_code or configurations(expected) or [{}])[0]
                                                           .get("code_version")),
                                   spec_hashes={str(c["spec_hash"]) for c in same_code})
-            # This job's: in its own job experiment (only its user can write there; the flow
-            # tags `pipeline.github_run_id` on the candidate's runs only), or tagged with it.
-            in_job = is_job_experiment(client.get_experiment(run.info.experiment_id).name, plan.experiment,
-                                       workflow_run_id)
-            if tags.get("pipeline.git_sha") != sha or not (
-                    in_job or tags.get("pipeline.github_run_id") == str(workflow_run_id)):
+            own += data_digest_problems(facts, plan)
+            # This launch's: in its own job experiment (made by the trusted job-identity job, only
+            # this launch's identity can write there). A tag naming the workflow run is the job's
+            # to write, so on a server it proves nothing; a local store has one identity.
+            exp_name = client.get_experiment(run.info.experiment_id).name
+            in_job = is_job_experiment(exp_name, plan.experiment, workflow_run_id, attempt)
+            if not server:
+                in_job = in_job or tags.get("pipeline.github_run_id") == str(workflow_run_id)
+            if tags.get("pipeline.git_sha") != sha or not in_job:
                 own.append(f"run {rid} was not trained by this job (commit {sha[:12]}, workflow run {workflow_run_id})")
             problems += own
             if not own:
@@ -584,6 +590,112 @@ def open_registry(tracking_uri: str | None, provenance_id: str | None) -> Truste
     return None if store is None else TrustedRegistry(client, store)
 
 
+# --------------------------------------------------------------------------- data by content
+
+
+def trusted_data_digests(registry: TrustedRegistry, spec_hashes: set[str]) -> dict[str, str]:
+    """data version -> the content digest attested runs of these configurations trained on,
+    from runs made by code equal to the default branch's (`trusted_code`): that preparation ran
+    trusted code, so its bytes are the version's. The earliest record wins; a later record of
+    other bytes under the same version is ignored (it is what a rewritten cache would give)."""
+    found: dict[str, str] = {}
+    for spec_hash in sorted(spec_hashes):
+        for run in registry._records("run", spec_hash=spec_hash):  # oldest first
+            tags = run.data.tags
+            if tags.get("pipeline.trusted_code") != "true":
+                continue
+            version, digest = tags.get("pipeline.data_version"), tags.get("pipeline.data_digest")
+            if version and digest and _HEX.match(digest):
+                found.setdefault(version, digest)
+    return found
+
+
+def with_data_digests(plan: LaunchPlan, registry: TrustedRegistry | None) -> LaunchPlan:
+    """The plan with each experiment's `facts["data_digests"]`: what the training job checks the
+    shared data cache against, and the attest job checks the trained runs against."""
+    from dataclasses import replace
+
+    if registry is None:
+        return plan
+    out = []
+    for entry in plan.experiments:
+        hashes = {str(c["spec_hash"]) for role in ("candidate", "baseline")
+                  for c in configurations(entry.facts.get(role) or {})}
+        digests = trusted_data_digests(registry, hashes)
+        out.append(replace(entry, facts={**entry.facts, "data_digests": digests}) if digests else entry)
+    return replace(plan, experiments=tuple(out))
+
+
+def data_digest_problems(facts: Mapping[str, Any], plan: ExperimentPlan) -> list[str]:
+    """Why a trained run's data is not the attested content of its version ([] = it is)."""
+    expected = (plan.facts.get("data_digests") or {}).get(str(facts.get("data_version")))
+    if expected and facts.get("data_digest") != expected:
+        return [f"run {facts.get('training_run_id')} trained on data version {facts.get('data_version')} with content "
+                f"{str(facts.get('data_digest'))[:16]}, not the attested {str(expected)[:16]}"]
+    return []
+
+
+# --------------------------------------------------------------------------- a lost runner's checkpoint
+
+
+def resume_points(client: Any, plan: ExperimentPlan, *, sha: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """role -> seed -> the checkpoint an earlier launch of this commit recorded for that run and
+    did not finish (its runner was lost): `{"path", "manifest_sha256", "step", "run_id"}`.
+
+    Only what that launch's own identity wrote counts: a run in a job experiment made by the
+    trusted `job-identity` job (`<experiment>/job-<run>-<attempt>`, tagged by the admin), made
+    from this commit, with the plan's code version, spec hash and a planned seed, and the
+    `pipeline.checkpoint` tag its trainer set (path and sha256 of the checkpoint's manifest).
+    The training job resumes from that path only when its manifest still hashes to the digest,
+    so a checkpoint planted on the shared storage by anyone else is never loaded."""
+    import re as _re
+
+    if not _NAME.match(plan.experiment) or not _SHA.match(sha):
+        return {}
+    expected = {role: {(c["code_version"], c["spec_hash"]) for c in configurations(plan.facts.get(role) or {})}
+                for role in ("candidate", "baseline")}
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    pattern = _re.compile(rf"{_re.escape(plan.experiment)}/job-[0-9]+-[0-9]+")
+    exps = [e for e in client.search_experiments(filter_string=f"name LIKE '{plan.experiment}/job-%'",
+                                                 max_results=1000)
+            if pattern.fullmatch(e.name) and e.tags.get("pipeline.job_user")]
+    for exp in exps:
+        for run in client.search_runs([exp.experiment_id], f"tags.`pipeline.git_sha` = '{sha}'", max_results=1000):
+            tags = run.data.tags
+            if run.info.status == "FINISHED" or "pipeline.checkpoint" not in tags:
+                continue
+            role = tags.get("pipeline.role", "")
+            if (tags.get("pipeline.code_version"), tags.get("pipeline.spec_hash")) not in expected.get(role, set()):
+                continue
+            seed = tags.get("pipeline.seed", "")
+            if not seed.lstrip("-").isdigit() or int(seed) not in plan.seeds:
+                continue
+            try:
+                point = json.loads(tags["pipeline.checkpoint"])
+                entry = {"path": str(point["path"]), "manifest_sha256": str(point["manifest_sha256"]),
+                         "step": int(point["step"]), "run_id": run.info.run_id,
+                         "code_version": tags["pipeline.code_version"], "spec_hash": tags["pipeline.spec_hash"]}
+            except (ValueError, KeyError, TypeError):
+                continue
+            if not _re.fullmatch(r"[0-9a-f]{64}", entry["manifest_sha256"]):
+                continue
+            best = found.setdefault(role, {}).get(seed)
+            if best is None or entry["step"] > best["step"]:
+                found[role][seed] = entry
+    return found
+
+
+def with_resume_points(plan: LaunchPlan, client: Any) -> LaunchPlan:
+    """The plan with each experiment's `facts["resume"]` (see `resume_points`)."""
+    from dataclasses import replace
+
+    out = []
+    for entry in plan.experiments:
+        points = resume_points(client, entry, sha=plan.sha)
+        out.append(replace(entry, facts={**entry.facts, "resume": points}) if points else entry)
+    return replace(plan, experiments=tuple(out))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m pipelines.trusted.registry plan --checkout DIR --experiment NAME... --sha SHA --pr N --out FILE`."""
     import argparse
@@ -636,7 +748,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (args.checkout / ".git").exists():
             raise UsageError(f"--checkout {args.checkout}: not a git checkout of the approved commit")
         try:
-            done = plan_launch(args.checkout, args.experiment, registry=registry, sha=args.sha, pr=args.pr)
+            done = with_data_digests(plan_launch(args.checkout, args.experiment, registry=registry, sha=args.sha,
+                                                 pr=args.pr), registry)
+            if registry is not None:
+                done = with_resume_points(done, registry.client)
         except subprocess.CalledProcessError as exc:
             raise UsageError(f"--checkout {args.checkout}: git failed ({' '.join(map(str, exc.cmd[3:]))}, "
                              f"exit {exc.returncode})") from None

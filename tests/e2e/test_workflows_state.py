@@ -3,13 +3,16 @@
 `.github/workflows/experiment-train.yml` runs job by job in the emulated runner
 (tests/infra/workflow_runner.py: a fresh clone per job, a GitHub token per job, which act
 cannot give) against the GitHub emulator and a real `mlflow server --app-name basic-auth`,
-configured as docs/operations.md section 4 tells an operator: `pipeline provenance setup`
-(users `trainer` and `attestor`, the provenance store, the registered model), then the
-variables `MLFLOW_TRACKING_URI` and `MLFLOW_PROVENANCE_EXPERIMENT_ID` and the secrets
-`MLFLOW_ATTESTOR_*`, `MLFLOW_ADMIN_*` and `JOB_CREDENTIAL_KEY`. `PIPELINE_RUNS_DIR` is not
-set, so every training job keeps its runs in its own fresh checkout: nothing is shared on
-disk between two jobs. One server, one repository and one pull request (the tiny baseline and
-candidate of tests/fixtures/github/workflows/experiments) for the module, three launches:
+configured as docs/operations.md section 4 tells an operator: the server checks training jobs'
+GitHub OIDC tokens (pipelines/trusted/mlflow_oidc.py, against the emulated issuer
+tests/infra/oidc_issuer.py), `pipeline provenance setup` (users `reader` and `attestor`, the
+provenance store, the registered model), then the variables `MLFLOW_TRACKING_URI`,
+`MLFLOW_PROVENANCE_EXPERIMENT_ID`, the shared `PIPELINE_RUNS_DIR` and `PIPELINE_DATA_CACHE`,
+and the secrets scoped per environment as GitHub scopes them (`provenance`: the attestor's;
+`provenance-read`: the reader's; `job-identity`: the admin's; `gpu-training`: none). Each
+step's log starts with its `env:` as the Actions runner prints it, and the PR's own Makefile
+runs at `make setup-train`. One server, one repository and one pull request (the tiny baseline
+and candidate of tests/fixtures/github/workflows/experiments) for the module, three launches:
 
 1. `/train wf-candidate`: trains both, registers the claim (confirmatory, seed 1234; one
    seed: inconclusive) and attests;
@@ -17,8 +20,10 @@ candidate of tests/fixtures/github/workflows/experiments) for the module, three 
    nothing is trained; the report still lands;
 3. one push that renames the candidate and adds a seed, and whose `reports/` code (run by the
    training job, tests/fixtures/github/workflows/state/forge.py) forges a registration, an
-   attestation, other jobs' metrics and the champion alias with the job's own MLflow
-   credential and rewrites its report's verdict to `supported`; `/train wf-candidate-v2`:
+   attestation, other jobs' metrics and the champion alias with the job's own identity (its
+   OIDC token), tries to create experiments and grants, and rewrites its report's verdict to
+   `supported`; and whose Makefile's `setup-train` (PR code at install time) collects every
+   value it can read; `/train wf-candidate-v2`:
    planned exploratory (the registration of launch 1 stays in force, the headline says so),
    one new seed of each role trained, every forgery refused with 403, and the attestation,
    the registry and what promotion reads are the trusted ones.
@@ -43,6 +48,7 @@ from pipelines.launch_plan import CONFIRMATORY, EXPLORATORY, ExperimentPlan, Lau
 from pipelines.tracked_runs import FETCHED_FILE
 from tests.infra.github_emulator import GitHubEmulator, emulator_config
 from tests.infra.mlflow_auth_server import MlflowAuthServer
+from tests.infra.oidc_issuer import OidcIssuer
 from tests.infra.workflow_runner import EmulatedRepository, JobResult, WorkflowRunner
 from validation.environment import scoped_environ
 
@@ -54,11 +60,10 @@ FORGE = FIXTURES / "state" / "forge.py"
 REPO_NAME = "acme/lab"
 PR = 7
 ATTESTOR = ("attestor", "attestor-password-0123")
-TRAINER = ("trainer", "trainer-password-0123")
-JOBS = {"authorize", "plan", "job-credentials", "train", "attest", "report"}
+READER = ("reader", "reader-password-0123")
+JOBS = {"authorize", "plan", "job-identity", "train", "attest", "report"}
+WORKFLOW_REF = f"{REPO_NAME}/.github/workflows/experiment-train.yml@refs/heads/main"
 NOT_SET_HERE = {
-    "PIPELINE_RUNS_DIR": "unset: every training job keeps its runs in its own fresh checkout",
-    "PIPELINE_DATA_CACHE": "unset: every training job prepares its data in its checkout",
     "PIPELINE_DATA_ROOTS": "unset: the demo data lives under data/",
     "PIPELINE_REGISTRY_MODEL": "unset: the default `gitops-train`, the name `provenance setup` made",
     "RUNNERS_READ_TOKEN": "the informational `capacity` job is not run",
@@ -86,8 +91,7 @@ class Launch:
 class Lab:
     """The MLflow server set up by the operator, the repository with the PR, the runner."""
 
-    def __init__(self, tmp: Path, server: MlflowAuthServer, gh: GitHubEmulator):
-        from cryptography.fernet import Fernet
+    def __init__(self, tmp: Path, server: MlflowAuthServer, gh: GitHubEmulator, oidc: OidcIssuer):
         from typer.testing import CliRunner
 
         from pipelines.cli import app
@@ -96,7 +100,7 @@ class Lab:
         # docs/operations.md section 4: once, as the operator.
         done = CliRunner().invoke(app, ["provenance", "setup", "--tracking-uri", self.uri], env={
             "MLFLOW_ADMIN_USERNAME": server.admin[0], "MLFLOW_ADMIN_PASSWORD": server.admin[1],
-            "MLFLOW_TRAINER_PASSWORD": TRAINER[1], "MLFLOW_ATTESTOR_PASSWORD": ATTESTOR[1]})
+            "MLFLOW_READER_PASSWORD": READER[1], "MLFLOW_ATTESTOR_PASSWORD": ATTESTOR[1]})
         assert done.exit_code == 0, done.output
         self.store_id = re.search(r"MLFLOW_PROVENANCE_EXPERIMENT_ID=(\S+)", done.output).group(1)  # type: ignore[union-attr]
 
@@ -118,14 +122,21 @@ class Lab:
         self._serve_experiments(self.sha1)
         self.host = PyGithubHost(emulator_config(gh, repo=REPO_NAME))
         (tmp / "jobs").mkdir()
-        # The repository's variables and the environments' secrets (docs/operations.md section 2).
+        # The repository's variables and the environments' secrets (docs/operations.md section 2),
+        # each secret only in its environment; storage shared by every runner.
+        self.shared = tmp / "shared"
         self.runner = WorkflowRunner(
             self.repo, tmp / "jobs", gh.base_url, gh.token,
             extra_env={"MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"},
-            vars={"MLFLOW_TRACKING_URI": self.uri, "MLFLOW_PROVENANCE_EXPERIMENT_ID": self.store_id},
-            secrets={"MLFLOW_ATTESTOR_USERNAME": ATTESTOR[0], "MLFLOW_ATTESTOR_PASSWORD": ATTESTOR[1],
-                     "MLFLOW_ADMIN_USERNAME": server.admin[0], "MLFLOW_ADMIN_PASSWORD": server.admin[1],
-                     "JOB_CREDENTIAL_KEY": Fernet.generate_key().decode()})
+            vars={"MLFLOW_TRACKING_URI": self.uri, "MLFLOW_PROVENANCE_EXPERIMENT_ID": self.store_id,
+                  "PIPELINE_RUNS_DIR": str(self.shared / "runs"), "PIPELINE_DATA_CACHE": str(self.shared / "cache")},
+            env_secrets={
+                "provenance": {"MLFLOW_ATTESTOR_USERNAME": ATTESTOR[0], "MLFLOW_ATTESTOR_PASSWORD": ATTESTOR[1]},
+                "provenance-read": {"MLFLOW_READER_USERNAME": READER[0], "MLFLOW_READER_PASSWORD": READER[1]},
+                "job-identity": {"MLFLOW_ADMIN_USERNAME": server.admin[0], "MLFLOW_ADMIN_PASSWORD": server.admin[1]},
+            },
+            oidc=oidc)
+        self.secret_values = [ATTESTOR[1], READER[1], server.admin[1]]
 
     # ----------------------------------------------------------------- the PR
 
@@ -163,7 +174,7 @@ class Lab:
         payload["comment"]["body"] = f"/train {experiment}"
         token = self.gh.issue_token()
         self.runner.job_tokens["report"] = token
-        jobs = JOBS | {"revoke-credentials"} if revoke else JOBS
+        jobs = JOBS | {"revoke-identity"} if revoke else JOBS
         results = self.runner.run_workflow("experiment-train.yml", "issue_comment", payload, sha=self.main_sha,
                                            run_id=run_id, only=jobs)
         for job in jobs:
@@ -219,8 +230,10 @@ def _posted(lab: Lab, launch: Launch) -> bool:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     tmp = tmp_path_factory.mktemp("state")
-    with MlflowAuthServer(tmp / "mlflow") as server, GitHubEmulator() as gh:
-        yield Lab(tmp, server, gh)
+    with OidcIssuer() as oidc, GitHubEmulator() as gh, MlflowAuthServer(tmp / "mlflow", oidc={
+            "PIPELINE_OIDC_ISSUER": oidc.issuer, "PIPELINE_OIDC_REPOSITORY": REPO_NAME,
+            "PIPELINE_OIDC_WORKFLOW_REF": WORKFLOW_REF}) as server:
+        yield Lab(tmp, server, gh, oidc)
 
 
 @pytest.fixture(scope="module")
@@ -243,6 +256,10 @@ def _rename_and_add_a_seed(checkout: Path) -> None:
 
 def _forge_from_the_training_job(checkout: Path) -> None:
     (checkout / "reports" / "forge.py").write_bytes(FORGE.read_bytes())
+    # PR code at install time: the PR's own Makefile target, run by `make setup-train`.
+    makefile = checkout / "Makefile"
+    makefile.write_text(makefile.read_text(encoding="utf-8").replace(
+        "setup-train:\n", "setup-train:\n\t@$(PY) reports/forge.py install\n", 1), encoding="utf-8")
     prereg = checkout / "reports" / "prereg.py"
     prereg.write_text(prereg.read_text(encoding="utf-8") + "\nfrom reports import forge as _forge  # noqa: E402,F401\n",
                       encoding="utf-8")
@@ -272,7 +289,8 @@ def test_the_deployment_is_configured_as_the_operations_guide_says(lab: Lab) -> 
     unset), each one documented for the operator; `provenance setup` made the store and model."""
     workflow = (Path(__file__).parents[2] / ".github" / "workflows" / "experiment-train.yml").read_text(encoding="utf-8")
     read = set(re.findall(r"\b(?:vars|secrets)\.([A-Z][A-Z0-9_]*)", workflow))
-    configured = set(lab.runner.vars) | set(lab.runner.secrets)
+    configured = set(lab.runner.vars) | set(lab.runner.secrets) | {
+        name for scoped in lab.runner.env_secrets.values() for name in scoped}
     assert read == configured | set(NOT_SET_HERE), (read, configured)
     guide = (Path(__file__).parents[2] / "docs" / "operations.md").read_text(encoding="utf-8")
     assert [name for name in sorted(read) if name not in guide] == []
@@ -303,7 +321,7 @@ def test_the_first_train_registers_the_claim_and_attests_both_runs(lab: Lab, fir
         from mlflow.server import get_app_client
 
         with pytest.raises(Exception, match="RESOURCE_DOES_NOT_EXIST|not found|404"):
-            get_app_client("basic-auth", tracking_uri=lab.uri).get_user("job-9101-1-wf-candidate")
+            get_app_client("basic-auth", tracking_uri=lab.uri).get_user("job-9101-1")
     assert _posted(lab, first)
     assert lab.sticky("wf-candidate").startswith("**Verdict (trusted, from attested metrics): inconclusive**")
 
@@ -323,11 +341,15 @@ def test_a_second_train_in_fresh_workspaces_reuses_the_attested_runs_and_trains_
         # No second registration, no new run records: the reused runs have theirs.
         assert len(lab.store("tags.`pipeline.registry` = 'registration'")) == 1
         assert len(lab.store("tags.`pipeline.registry` = 'run'")) == 2
-    # A fresh workspace: its runs were fetched from MLflow into its own checkout, no checkpoint.
+    # A fresh workspace and its own launch directory on the shared storage: its runs were fetched
+    # from MLflow into it (not read from the first launch's directory), no checkpoint.
     workspace = second.results["train"].workspace
     assert workspace is not None and workspace != first.results["train"].workspace
-    seed_dirs = sorted(p.parent for p in (workspace / "runs").rglob(FETCHED_FILE))
-    assert len(seed_dirs) == 2, sorted(str(p) for p in (workspace / "runs").rglob("*"))
+    own = lab.shared / "runs" / f"launch-{second.run_id}-1-wf-candidate"
+    seed_dirs = sorted(p.parent for p in own.rglob(FETCHED_FILE))
+    assert len(seed_dirs) == 2, sorted(str(p) for p in (lab.shared / "runs").rglob("*"))
+    assert sorted(p.name for p in (lab.shared / "runs").iterdir()) == [
+        f"launch-{first.run_id}-1-wf-candidate", f"launch-{second.run_id}-1-wf-candidate"]
     assert not [p for d in seed_dirs for p in d.rglob("*") if "checkpoint" in p.name]
     # The report still lands.
     assert _posted(lab, second)
@@ -374,7 +396,8 @@ def test_a_training_job_that_forges_the_trusted_side_changes_nothing_attest_or_p
     assert attempts.pop("report: verdict supported") == "written"
     assert {"store: new registration", "store: attestation saying supported", "store: edit the registration",
             "store: a run record's metric snapshot", "another job's run 0: metric", "registry: model version",
-            "registry: champion alias"} <= set(attempts)
+            "registry: champion alias", "job identity: create an experiment",
+            "job identity: share its experiment"} <= set(attempts)
     assert all(v == "denied" for v in attempts.values()), attempts
     with lab.admin():
         # The attestation carries the trusted verdict; the report's forged one is only noted.
@@ -394,3 +417,29 @@ def test_a_training_job_that_forges_the_trusted_side_changes_nothing_attest_or_p
         assert lab.client().search_model_versions("name = 'gitops-train'") == []
     body = lab.sticky("wf-candidate-v2")
     assert "own report says `supported`" in body and "**Verdict: supported** (forged)" in body
+
+
+@pytest.mark.timeout(600)
+def test_pr_code_at_install_import_and_training_holds_no_secret(
+        lab: Lab, first: Launch, second: Launch, renamed: tuple[Launch, dict[str, Any]]) -> None:
+    """Issue 36: the training job held the credential-sealing key after the PR's own install,
+    and its sealed tokens sat in a step's printed `env:`. Now no job that runs PR code holds
+    any secret of the deployment: what the PR's Makefile (install) and its imported code
+    (training) could read, and every printed log of every job, contain none of them, and no
+    OIDC token is ever printed."""
+    launch = renamed[0]
+    temp = launch.results["train"].workspace.parent / "_temp"  # type: ignore[union-attr]
+    leaks = {when: (temp / f"leak-{when}.json").read_text(encoding="utf-8") for when in ("install", "training")}
+    assert all(leaks.values())
+    seen = json.loads(leaks["training"])["env"]
+    assert seen.get("MLFLOW_TRACKING_AUTH") == "github-oidc" and "MLFLOW_TRACKING_PASSWORD" not in seen
+    for secret in lab.secret_values:
+        assert [when for when, text in leaks.items() if secret in text] == []
+        for done in (first, second, launch):
+            assert [job for job, r in done.results.items() if secret in r.log()] == []
+    for done in (first, second, launch):
+        printed = "\n".join(r.log() for r in done.results.values())
+        assert re.search(r"eyJ[A-Za-z0-9_-]{10,}\.eyJ", printed) is None  # no JWT in any log
+    # The tokens the job could mint name its own launch only (the server maps them to job-<run>-<attempt>).
+    assert {(c["run_id"], c["environment"]) for c in lab.runner.oidc.issued} <= {
+        (str(d.run_id), "gpu-training") for d in (first, second, launch)}

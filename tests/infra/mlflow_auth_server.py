@@ -2,6 +2,9 @@
 
     with MlflowAuthServer(tmp_dir) as server:      # admin: server.admin; default permission READ
         ...
+    MlflowAuthServer(tmp_dir, oidc={...})          # also training jobs' GitHub OIDC tokens
+                                                   # (pipelines/trusted/mlflow_oidc.py; the
+                                                   # PIPELINE_OIDC_* settings of docs/operations.md)
 
 sqlite stores, proxied artifacts (`--artifacts-destination`), one worker; the server runs in
 its own process group and stopping kills the whole tree.
@@ -20,11 +23,15 @@ from pathlib import Path
 from tests.infra.mlflow_server import _free_port
 
 ADMIN = ("admin", "admin-password-0123")
+FUNCTION = "mlflow.server.auth:authenticate_request_basic_auth"
+OIDC_FUNCTION = "pipelines.trusted.mlflow_oidc:authenticate"
 
 
 class MlflowAuthServer:
-    def __init__(self, root: Path, admin: tuple[str, str] = ADMIN, default_permission: str = "READ"):
+    def __init__(self, root: Path, admin: tuple[str, str] = ADMIN, default_permission: str = "READ",
+                 oidc: dict[str, str] | None = None):
         self.root = Path(root)
+        self.oidc = oidc
         self.admin = admin
         self.default_permission = default_permission
         self.port = _free_port()
@@ -35,15 +42,18 @@ class MlflowAuthServer:
     def start(self) -> MlflowAuthServer:
         self.root.mkdir(parents=True, exist_ok=True)
         ini = self.root / "basic_auth.ini"
+        oidc = self.oidc
         ini.write_text(f"[mlflow]\ndefault_permission = {self.default_permission}\n"
                        f"database_uri = sqlite:///{self.root / 'basic_auth.db'}\nadmin_username = {self.admin[0]}\n"
-                       "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                       f"authorization_function = {FUNCTION if oidc is None else OIDC_FUNCTION}\n"
                        "auth_cache_ttl_seconds = 60\n")  # one PBKDF2 check per user, not per request
         env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true",
                    MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_AUTH_CONFIG_PATH=str(ini),
                    MLFLOW_AUTH_ADMIN_PASSWORD=self.admin[1], MLFLOW_FLASK_SERVER_SECRET_KEY="test-secret-key-0123")
         for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
             env.pop(key, None)
+        if self.oidc is not None:  # the server imports the project's check: the operator installs it there
+            env.update(self.oidc, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
         cmd = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
                "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
                "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",

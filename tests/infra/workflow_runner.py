@@ -28,12 +28,21 @@ Emulated `uses:` (anything else is an error, so a new action cannot slip by unte
   actions/upload-artifact    copy `path` into the run's artifact store
   actions/download-artifact  copy an artifact of the run named by `run-id` to `path`
 
-Environments (`environment:`) are treated as approved: the test plays the reviewer.
+Environments (`environment:`) are treated as approved: the test plays the reviewer. Secrets
+are scoped as on GitHub: a job sees the repository's `secrets` and those of its own
+`environment:` only (`env_secrets`). A job with `permissions: id-token: write` gets
+`ACTIONS_ID_TOKEN_REQUEST_URL`/`_TOKEN` from the emulated OIDC issuer (tests/infra/oidc_issuer.py,
+when one is given), minting tokens with the job's claims until the job ends. Each step's log
+starts with its `env:` as the Actions runner prints it (registered secrets shown as `***`, every
+other value as it is: an output copied into `env:` is printed in clear).
 Job-level `concurrency` and `timeout-minutes` are not emulated (act ignores them too).
 
-Substitution, documented: the step `make setup` (create .venv and pip install) is
-replaced by a symlink from the job's `.venv` to the already installed project venv,
-and PYTHONPATH puts the clone first, so `.venv/bin/pipeline` runs the clone's code.
+Substitution, documented: for the steps `make setup`, `make setup-github` and `make
+setup-train` the job's `.venv` is first linked to the already installed project venv (no
+pip install), then the step runs as written: the checked-out Makefile's target runs for real
+(it finds the install stamp and installs nothing), so a pull request's own Makefile is PR
+code at install time as on a real runner. PYTHONPATH puts the clone first, so
+`.venv/bin/pipeline` runs the clone's code.
 """
 
 from __future__ import annotations
@@ -286,7 +295,8 @@ class WorkflowRunner:
 
     def __init__(self, repo: EmulatedRepository, work: Path, api_url: str, token: str,
                  extra_env: dict[str, str] | None = None, vars: dict[str, str] | None = None,
-                 secrets: dict[str, str] | None = None):
+                 secrets: dict[str, str] | None = None, env_secrets: dict[str, dict[str, str]] | None = None,
+                 oidc: Any = None):
         self.repo = repo
         self.work = work
         self.api_url = api_url
@@ -294,6 +304,8 @@ class WorkflowRunner:
         self.extra_env = extra_env or {}
         self.vars = vars or {}
         self.secrets = secrets or {}
+        self.env_secrets = env_secrets or {}
+        self.oidc = oidc
         # GitHub mints one GITHUB_TOKEN per job: a test may give a job its own (e.g. one
         # the emulator expires, as after 24 h of training).
         self.job_tokens: dict[str, str] = {}
@@ -305,7 +317,8 @@ class WorkflowRunner:
 
     def run_workflow(self, workflow: str, event_name: str, payload: dict[str, Any], *, sha: str,
                      ref: str | None = None, inputs: dict[str, Any] | None = None,
-                     run_id: int | None = None, only: set[str] | None = None) -> dict[str, JobResult]:
+                     run_id: int | None = None, only: set[str] | None = None,
+                     attempt: int = 1) -> dict[str, JobResult]:
         """Every job of `.github/workflows/<workflow>`, in `needs` order (or only the jobs in `only`)."""
         self._runs += 1
         run_id = run_id or 9000 + self._runs
@@ -321,27 +334,29 @@ class WorkflowRunner:
                     results[job_id] = JobResult(job_id, "skipped")
                     continue
                 results[job_id] = self._run_job(doc, job_id, spec, event_name, payload, sha, ref, inputs or {},
-                                                run_id, results)
+                                                run_id, results, workflow, attempt)
         return results
 
     # ----------------------------------------------------------------- internals
 
     def _github_context(self, event_name: str, payload: dict[str, Any], sha: str, ref: str | None,
-                        run_id: int) -> dict[str, Any]:
+                        run_id: int, attempt: int = 1) -> dict[str, Any]:
         return {
             "event_name": event_name, "event": payload, "sha": sha,
             "ref": ref or f"refs/heads/{self.repo.default_branch}",
             "repository": self.repo.full_name, "repository_owner": self.repo.full_name.split("/")[0],
-            "run_id": str(run_id), "run_number": "1", "run_attempt": "1",
+            "run_id": str(run_id), "run_number": "1", "run_attempt": str(attempt),
             "server_url": "https://github.invalid", "api_url": self.api_url, "token": self.token,
             "actor": (payload.get("sender") or {}).get("login", "emulated"),
             "workflow": "emulated", "head_ref": "", "base_ref": "",
         }
 
     def _run_job(self, doc: dict, job_id: str, spec: dict, event_name: str, payload: dict, sha: str,
-                 ref: str | None, inputs: dict, run_id: int, done: dict[str, JobResult]) -> JobResult:
+                 ref: str | None, inputs: dict, run_id: int, done: dict[str, JobResult], workflow: str = "",
+                 attempt: int = 1) -> JobResult:
         needs = {n: {"outputs": done[n].outputs, "result": done[n].result} for n in _needs(spec)}
-        github = self._github_context(event_name, payload, sha, ref, run_id)
+        github = self._github_context(event_name, payload, sha, ref, run_id, attempt)
+        github["workflow_file"] = workflow
         token = self.job_tokens.get(job_id, self.token)
         github["token"] = token
         root = self.work / f"run{run_id}-{job_id}"
@@ -357,8 +372,11 @@ class WorkflowRunner:
         env_file = temp / "github_env"
         env_file.touch()
 
+        environment = spec.get("environment")
+        environment = environment.get("name") if isinstance(environment, dict) else environment
+        secrets = {**self.secrets, **self.env_secrets.get(str(environment or ""), {})}
         ctx: dict[str, Any] = {"github": github, "needs": needs, "inputs": inputs, "vars": self.vars,
-                               "secrets": {**self.secrets, "GITHUB_TOKEN": token},
+                               "secrets": {**secrets, "GITHUB_TOKEN": token},
                                "runner": {"temp": str(temp), "os": "Linux", "arch": "X64"},
                                "steps": {}, "env": {}, "job": {"status": "success"}}
         status = {"failed": any(n["result"] != "success" for n in needs.values())}
@@ -404,9 +422,23 @@ class WorkflowRunner:
             "GITHUB_REPOSITORY": self.repo.full_name, "GITHUB_SHA": github["sha"], "GITHUB_REF": github["ref"],
             "GITHUB_WORKSPACE": str(workspace), "GITHUB_STEP_SUMMARY": str(summary),
             "GITHUB_ENV": str(env_file), "GITHUB_API_URL": self.api_url, "GITHUB_SERVER_URL": github["server_url"],
-            "GITHUB_RUN_ID": str(run_id), "GITHUB_JOB": job_id, "RUNNER_TEMP": str(temp),
+            "GITHUB_RUN_ID": str(run_id), "GITHUB_RUN_ATTEMPT": github["run_attempt"], "GITHUB_JOB": job_id,
+            "RUNNER_TEMP": str(temp),
             "RUNNER_OS": "Linux", "PYTHONPATH": str(workspace), **self.extra_env,
         }
+        request_token = None
+        if self.oidc is not None and (spec.get("permissions") or {}).get("id-token") == "write":
+            environment = spec.get("environment")
+            url, request_token = self.oidc.register_job({
+                "repository": self.repo.full_name, "repository_owner": self.repo.full_name.split("/")[0],
+                "run_id": str(run_id), "run_attempt": github["run_attempt"], "sha": github["sha"],
+                "ref": github["ref"], "event_name": github["event_name"], "actor": github["actor"],
+                "environment": str(environment or ""), "runner_environment": "self-hosted",
+                "workflow_ref": f"{self.repo.full_name}/.github/workflows/{github['workflow_file']}@{github['ref']}",
+                "job_workflow_ref": f"{self.repo.full_name}/.github/workflows/{github['workflow_file']}@{github['ref']}",
+            })
+            base_env |= {"ACTIONS_ID_TOKEN_REQUEST_URL": url, "ACTIONS_ID_TOKEN_REQUEST_TOKEN": request_token}
+        masked = [v for v in ctx["secrets"].values() if v]
         failed = status["failed"]
         for index, step in enumerate(spec.get("steps", [])):
             name = step.get("name") or step.get("uses") or step.get("run", "").splitlines()[0]
@@ -416,14 +448,17 @@ class WorkflowRunner:
                 if "id" in step:
                     ctx["steps"][step["id"]] = {"outputs": {}, "outcome": "skipped", "conclusion": "skipped"}
                 continue
-            step_env = {**base_env, **ctx["env"], **_read_env_file(env_file),
-                        **self._interpolate_map(step.get("env"), {**ctx, "env": ctx["env"]})}
+            declared = {**ctx["env"], **self._interpolate_map(step.get("env"), {**ctx, "env": ctx["env"]})}
+            step_env = {**base_env, **ctx["env"], **_read_env_file(env_file), **declared}
             outcome, outputs, log = self._run_step(step, ctx, step_env, workspace, temp, run_id, index)
+            log = _printed_env(declared, masked) + log
             result.steps.append(StepResult(name, outcome, outputs, log))
             if "id" in step:
                 ctx["steps"][step["id"]] = {"outputs": outputs, "outcome": outcome, "conclusion": outcome}
             if outcome == "failure" and not step.get("continue-on-error"):
                 failed = True
+        if request_token is not None:
+            self.oidc.revoke_job(request_token)
         result.result = "failure" if failed else "success"
         ctx["job"]["status"] = result.result
         result.outputs = {k: _as_text(self._interpolate(v, ctx)) for k, v in (spec.get("outputs") or {}).items()}
@@ -437,11 +472,11 @@ class WorkflowRunner:
             return self._uses(step["uses"], with_, workspace, run_id)
         script = self._interpolate(step["run"], ctx)
         if script.strip() in ("make setup", "make setup-github", "make setup-train"):
-            # Documented substitution: reuse the installed venv instead of pip installing.
+            # Documented substitution: the installed venv instead of a pip install; then the
+            # checked-out Makefile's target runs as written (a PR's Makefile is PR code).
             link = workspace / ".venv"
             if not link.exists():
                 link.symlink_to(VENV, target_is_directory=True)
-            return "success", {}, "make setup: linked the project venv (emulated)"
         self._steps_run += 1  # unique files per step, also across matrix instances
         output_file = temp / f"output_{self._steps_run}"
         output_file.touch()
@@ -533,6 +568,19 @@ class WorkflowRunner:
 
     def _interpolate_map(self, mapping: dict | None, ctx: dict) -> dict[str, str]:
         return {str(k): _as_text(self._interpolate(v, ctx)) for k, v in (mapping or {}).items()}
+
+
+def _printed_env(declared: dict[str, str], masked: list[str]) -> str:
+    """The `env:` block the Actions runner prints at the top of a step's log: every value in
+    clear except the registered secrets' (`***`)."""
+    if not declared:
+        return ""
+    lines = []
+    for key, value in declared.items():
+        for secret in sorted(masked, key=len, reverse=True):
+            value = value.replace(secret, "***")
+        lines.append(f"  {key}: {value}")
+    return "env:\n" + "\n".join(lines) + "\n"
 
 
 def _needs(spec: dict) -> list[str]:

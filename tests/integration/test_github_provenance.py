@@ -114,7 +114,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     srv = AuthServer(tmp_path_factory.mktemp("mlflow-auth")).start()
     try:
-        done = setup(tracking_uri=srv.uri, model_name=MODEL, trainer=TRAINER, attestor=ATTESTOR, admin=ADMIN)
+        done = setup(tracking_uri=srv.uri, model_name=MODEL, reader=TRAINER, attestor=ATTESTOR, admin=ADMIN)
         yield srv.uri, done.provenance_experiment_id
     finally:
         srv.stop()
@@ -303,7 +303,7 @@ def test_setup_refuses_a_model_the_trainer_made_first_and_shared(server: tuple[s
         get_app_client("basic-auth", tracking_uri=uri).grant_user_permission(
             ATTESTOR[0], "registered_model", "squatted-model", "MANAGE")
     with pytest.raises(UsageError, match=r"registered model `squatted-model`: trainer \(MANAGE\) can write it"):
-        setup(tracking_uri=uri, model_name="squatted-model", trainer=TRAINER, attestor=ATTESTOR, admin=ADMIN)
+        setup(tracking_uri=uri, model_name="squatted-model", reader=TRAINER, attestor=ATTESTOR, admin=ADMIN)
 
 
 def test_promotion_never_creates_the_registered_model_on_a_server(server: tuple[str, str]) -> None:

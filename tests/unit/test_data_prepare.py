@@ -201,3 +201,39 @@ def test_parquet_and_text_sources_prepare_like_jsonl(tmp_path: Path) -> None:
     tokens = {s: np.sort(np.concatenate([prepared.tokens(s, "train"), prepared.tokens(s, "eval")])) for s in "jpt"}
     assert np.array_equal(tokens["j"], tokens["p"]) and np.array_equal(tokens["j"], tokens["t"])
     assert {prepared.stats[s]["documents"] for s in "jpt"} == {30}
+
+
+def test_the_content_digest_names_the_bytes_not_where_they_were_made(demo_repo: Path, prepared: PreparedData,
+                                                                    tmp_path: Path) -> None:
+    """Issue 36: a data version names its inputs; the trusted side checks what was made from them."""
+    other = prepare_data(make_spec(demo_sources()).data, demo_repo, cache_root=tmp_path / "cache", progress=False)
+    assert other.path != prepared.path and len(other.content_digest) == 64
+    assert other.content_digest == prepared.content_digest  # another place, another run: the same bytes
+
+
+def test_a_cached_version_rewritten_on_shared_storage_is_refused_and_made_again(demo_repo: Path,
+                                                                                 tmp_path: Path) -> None:
+    """Issue 36 (MEDIUM): a training job rewrote a prepared version on PIPELINE_DATA_CACHE, its
+    manifest included; later launches trained on it under the same version. Now a launch checks
+    the cached copy against the digest the trusted side recorded, sets it aside and prepares again."""
+    from validation.data.prepared import write_manifest
+
+    spec = make_spec(demo_sources({"docs": 1.0}))
+    honest = prepare_data(spec.data, demo_repo, cache_root=tmp_path, progress=False)
+    attested = honest.content_digest
+    shard = honest.path / "sources/docs/train/00000.tokens.bin"
+    original = shard.read_bytes()
+    data = bytearray(original)
+    data[10:20] = bytes(10)  # the poison, with a manifest that matches it
+    shard.write_bytes(bytes(data))
+    write_manifest(honest.path, honest.version)
+    poisoned = PreparedData.open(honest.path)  # the manifest verifies: the old check cannot see it
+    assert poisoned.content_digest != attested
+    again = prepare_data(spec.data, demo_repo, cache_root=tmp_path, progress=False,
+                         expected_digests={honest.version: attested})
+    assert not again.cache_hit and again.content_digest == attested
+    assert again.path == honest.path and shard.read_bytes() == original
+    # Preparation itself giving other bytes under the attested version is refused in one line.
+    with pytest.raises(DataError, match="differs from the content attested"):
+        prepare_data(spec.data, demo_repo, cache_root=tmp_path / "fresh", progress=False,
+                     expected_digests={honest.version: "0" * 64})

@@ -1,4 +1,4 @@
-"""The per-job MLflow credential's pure parts (pipelines/trusted/job_identity.py) and the
+"""The per-launch MLflow identity's pure parts (pipelines/trusted/job_identity.py) and the
 places that honour the job's experiment; the server side is tests/integration/test_github_job_credentials.py."""
 
 from __future__ import annotations
@@ -11,47 +11,36 @@ from pipelines.trusted import job_identity as jc
 from validation.errors import UsageError
 
 
-def test_the_sealed_credential_opens_only_for_its_job(tmp_path: Path) -> None:
-    from cryptography.fernet import Fernet
-
-    key = Fernet.generate_key().decode()
-    cred = jc.JobCredential("job-7-1-exp-a", "pw", jc.job_experiment(7, 1, "exp-a"), "3", 7)
-    token = jc.seal(cred, key)
-    env = tmp_path / "env"
-    assert jc.open_into_env(token, key, workflow_run_id=7, experiment="exp-a", env_file=str(env)) == cred
-    assert env.read_text().splitlines() == ["MLFLOW_TRACKING_USERNAME=job-7-1-exp-a", "MLFLOW_TRACKING_PASSWORD=pw",
-                                            "PIPELINE_MLFLOW_EXPERIMENT=exp-a/job-7-1"]
-    with pytest.raises(UsageError, match="another job"):
-        jc.unseal(token, key, workflow_run_id=8, experiment="exp-a")
-    with pytest.raises(UsageError, match="another job"):
-        jc.unseal(token, key, workflow_run_id=7, experiment="exp-b")
-    with pytest.raises(UsageError, match="does not open"):
-        jc.unseal(token, Fernet.generate_key().decode(), workflow_run_id=7, experiment="exp-a")
-    with pytest.raises(UsageError, match="not a Fernet key"):
-        jc.seal(cred, "short")
-
-
-def test_names_are_validated_and_bound_to_the_workflow_run() -> None:
-    assert jc.job_user(12, 2, "exp-a") == "job-12-2-exp-a"
-    assert jc.is_job_experiment("exp-a/job-12-3", "exp-a", 12)
-    for name in ("exp-a/job-13-1", "exp-a/job-12-0", "exp-ab/job-12-1", "exp-a", "x/exp-a/job-12-1"):
-        assert not jc.is_job_experiment(name, "exp-a", 12), name
-    for bad in ((0, 1, "exp-a"), (1, 1, "Exp\nA"), (1, 0, "exp-a")):
+def test_names_are_validated_and_bound_to_the_launch() -> None:
+    assert jc.job_user(12, 2) == "job-12-2"
+    assert jc.job_experiment(12, 3, "exp-a") == "exp-a/job-12-3"
+    assert jc.is_job_experiment("exp-a/job-12-3", "exp-a", 12, 3)
+    # Issue 36: any attempt of the run was accepted; another attempt is another launch.
+    for name in ("exp-a/job-12-1", "exp-a/job-13-3", "exp-ab/job-12-3", "exp-a", "x/exp-a/job-12-3"):
+        assert not jc.is_job_experiment(name, "exp-a", 12, 3), name
+    for bad in ((0, 1), (1, 0)):
         with pytest.raises(UsageError):
             jc.job_user(*bad)
+    with pytest.raises(UsageError):
+        jc.job_experiment(1, 1, "Exp\nA")
     assert jc.parse_experiments('["a", "b", "a"]') == ["a", "b"]
     with pytest.raises(UsageError, match="--experiments"):
         jc.parse_experiments('["../x"]')
 
 
-def test_attestation_accepts_the_jobs_own_experiment_only() -> None:
+def test_attestation_accepts_this_launchs_own_experiment_only() -> None:
+    """Issue 36: attest accepted a plain `<experiment>` (which any job could create and fill)
+    and a job experiment of any attempt."""
     from pipelines.trusted.provenance import check_training_run
 
     tags = {"pipeline.git_sha": "a" * 40, "pipeline.github_run_id": "12"}
-    kw = {"run_id": "r", "tags": tags, "experiment": "exp-a", "sha": "a" * 40, "workflow_run_id": 12}
-    assert check_training_run(experiment_name="exp-a/job-12-1", **kw) == []
-    assert check_training_run(experiment_name="exp-a", **kw) == []
-    assert check_training_run(experiment_name="exp-a/job-11-1", **kw)
+    kw = {"run_id": "r", "tags": tags, "experiment": "exp-a", "sha": "a" * 40, "workflow_run_id": 12, "attempt": 2}
+    assert check_training_run(experiment_name="exp-a/job-12-2", **kw) == []
+    assert check_training_run(experiment_name="exp-a", **kw)
+    assert check_training_run(experiment_name="exp-a/job-12-1", **kw)
+    assert check_training_run(experiment_name="exp-a/job-11-2", **kw)
+    # A local store (a laptop) has one identity: its runs are in `<experiment>`.
+    assert check_training_run(experiment_name="exp-a", server=False, **kw) == []
 
 
 def test_the_mlflow_sink_logs_to_the_jobs_experiment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

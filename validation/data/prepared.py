@@ -47,6 +47,26 @@ def write_manifest(root: Path, version: str) -> dict[str, Any]:
     return manifest
 
 
+PREP_VOLATILE = ("inputs", "tasks")
+"""Fields of prep.json that depend on where and how a version was made (absolute input paths,
+the number of tasks), not on its bytes: left out of the content digest."""
+
+
+def content_digest(manifest: dict[str, Any], prep: dict[str, Any]) -> str:
+    """The digest of a version's content: sha256 over every file's path, size and sha256 (the
+    manifest's `files`) and prep.json's fields that describe the bytes (dtype, vocabulary, shard
+    list, version payload). A data version names its inputs; this names what was made from
+    them, so a copy rewritten on shared storage (data and manifest together) gets another
+    digest, and two preparations of the same inputs on different machines get the same one."""
+    import hashlib
+
+    files = {rel: {"size": int(e["size"]), "sha256": str(e["sha256"])}
+             for rel, e in manifest["files"].items() if rel != "prep.json"}
+    described = {k: v for k, v in prep.items() if k not in PREP_VOLATILE}
+    body = json.dumps({"files": files, "prep": described}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
 def verify_manifest(root: Path) -> dict[str, Any]:
     """Check every file against the manifest (sizes first, then sha256); return the manifest."""
     where = f"prepared data at {root}"
@@ -117,6 +137,8 @@ class PreparedData:
     stats: dict[str, dict[str, Any]]
     params: dict[str, Any]
     token_dtype: np.dtype
+    content_digest: str = ""
+    """sha256 of the version's files as its manifest lists them (`content_digest`)."""
     cache_hit: bool = False
     _arrays: dict[tuple[str, str], tuple[Any, np.ndarray]] = field(default_factory=dict, repr=False)
 
@@ -127,9 +149,11 @@ class PreparedData:
         if not path.is_dir():
             raise DataError(f"prepared data not found at {path}; run `pipeline data prepare` first")
         if verify:
-            verify_manifest(path)
+            manifest = verify_manifest(path)
         elif not (path / MANIFEST).is_file():
             raise DataError(f"prepared data at {path} has no {MANIFEST} (incomplete preparation)")
+        else:
+            manifest = json.loads((path / MANIFEST).read_text())
         prep = json.loads((path / "prep.json").read_text())
         stats = json.loads((path / "stats.json").read_text())
         return cls(
@@ -141,6 +165,7 @@ class PreparedData:
             stats=stats["sources"],
             params=prep,
             token_dtype=np.dtype(prep["token_dtype"]),
+            content_digest=content_digest(manifest, prep),
         )
 
     def _shard_list(self, source: str, split: str) -> list[list[Any]]:
