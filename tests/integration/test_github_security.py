@@ -61,28 +61,50 @@ def tracking(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def train_run(uri: str, tmp: Path, exp: str, outcome: str, *, pr: int | None, run_id: int | None) -> str:
+    """The candidate and its baseline on two seeds, whose metrics make the trusted verdict
+    `outcome` (supported: 10 % lower loss; refuted: 10 % higher), attested under a launch plan
+    when a PR and workflow run are given (promotion counts only the attest job's verdict)."""
     from mlflow.tracking import MlflowClient
+
+    from pipelines.identity import CodeVersion, RunIdentity
+    from pipelines.launch_plan import CONFIRMATORY, ExperimentPlan
 
     client = MlflowClient(uri)
     found = client.get_experiment_by_name(exp)
     exp_id = found.experiment_id if found else client.create_experiment(exp, artifact_location=(tmp / "art").as_uri())
-    tags = {"pipeline.git_sha": SHA_A, "pipeline.dirty": "false", "pipeline.verdict": outcome}
-    if pr is not None:
-        tags["pipeline.pr"] = str(pr)
-    if run_id is not None:
-        tags["pipeline.github_run_id"] = str(run_id)
-    run = client.create_run(exp_id, tags=tags)
+    ids: dict[str, list[str]] = {"candidate": [], "baseline": []}
+    for role, spec_hash in (("candidate", "5bec"), ("baseline", "ba5e")):
+        for seed in (1, 2):
+            tags = {"pipeline.git_sha": SHA_A, "pipeline.dirty": "false", "pipeline.verdict": outcome,
+                    "pipeline.identity": RunIdentity("", seed, CodeVersion(SHA_A, "c0de", False, ""), spec_hash,
+                                                     "da7a").key, "pipeline.code_version": "c0de",
+                    "pipeline.spec_hash": spec_hash, "pipeline.data_version": "da7a", "pipeline.seed": str(seed)}
+            if pr is not None:
+                tags["pipeline.pr"] = str(pr)
+            if run_id is not None:
+                tags["pipeline.github_run_id"] = str(run_id)
+            run = client.create_run(exp_id, tags=tags)
+            ratio = (0.9 if outcome == "supported" else 1.1) * (1 + 0.002 * (seed % 2)) if role == "candidate" else 1
+            client.log_metric(run.info.run_id, "eval/loss", 3.5 * ratio * (1 + 0.001 * seed))
+            client.set_terminated(run.info.run_id, "FINISHED")
+            ids[role].append(run.info.run_id)
     model = tmp / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text("{}")
-    client.log_artifacts(run.info.run_id, str(model), "model")
-    client.set_terminated(run.info.run_id, "FINISHED")
+    client.log_artifacts(ids["candidate"][0], str(model), "model")
     if pr is not None and run_id is not None:
         # What the trusted attest job of workflow run `run_id` writes for PR `pr`; promotion
         # reads nothing else (pipelines/trusted/provenance.py).
-        attest(tracking_uri=uri, pr=pr, sha=SHA_A, experiment=exp, workflow_run_id=run_id,
-               result={"candidate_runs": [{"mlflow_run_id": run.info.run_id}], "verdict": {"outcome": outcome}})
-    return run.info.run_id
+        rule = {"metric": "eval/loss", "direction": "decrease", "min_effect": 0.01, "alpha": 0.05, "seeds": 2}
+        plan = ExperimentPlan(exp, "c1a1", CONFIRMATORY, (1, 2), {
+            "claim": "c1a1", "kind": "confirmatory", "seed_list": [1, 2], "registered_at_s": 1.0, "hypothesis": rule},
+            facts={"candidate": {"code_version": "c0de", "spec_hash": "5bec"},
+                   "baseline": {"code_version": "c0de", "spec_hash": "ba5e"}})
+        attest(tracking_uri=uri, pr=pr, sha=SHA_A, experiment=exp, workflow_run_id=run_id, plan=plan,
+               result={"candidate_runs": [{"mlflow_run_id": r} for r in ids["candidate"]],
+                       "baseline_runs": [{"mlflow_run_id": r} for r in ids["baseline"]],
+                       "verdict": {"outcome": outcome}, "hypothesis": rule})
+    return ids["candidate"][0]
 
 
 def push_event(sha: str, ref: str = "refs/heads/main") -> PushEvent:
