@@ -261,3 +261,20 @@ def test_a_rename_or_more_seeds_in_the_same_pull_request_stays_exploratory_and_s
     assert prereg.register_confirmatory(tmp_path, first.registration) == first.registration
     assert prereg.register_confirmatory(tmp_path, other.registration) == other.registration
     assert prereg.register_confirmatory(tmp_path, {**other.registration, "seed_list": [9]}) == other.registration
+
+
+def test_the_headline_says_what_was_attested():
+    from pipelines.trusted.registry import TrustedVerdict, compose_report_body
+
+    single = TrustedVerdict("refuted", "", CONFIRMATORY, "supported", seeds=(3, 4, 5))
+    assert single.headline().startswith("**Verdict (trusted, from attested metrics): refuted**\n\n"
+                                        "Attested by this launch's trusted attest job from the metrics of the "
+                                        "candidate's runs on seed(s) 3, 4, 5, against the baseline on the same seeds")
+    assert "own report says `supported`" in single.headline()
+    sweep = TrustedVerdict("supported", "", EXPLORATORY, "supported", seeds=(0,), sweep_trials=4, winner="lr-sweep-t2")
+    assert sweep.headline().startswith("**Verdict (trusted, from attested metrics): supported** (this launch was "
+                                       "exploratory")
+    assert "the sweep's winner `lr-sweep-t2` of 4 trials, trained again: the candidate's runs on seed(s) 0" in \
+        sweep.headline() and "own report" not in sweep.headline()
+    # No attested verdict: the comment says the one below is the PR's own, which promotion does not use.
+    assert compose_report_body(None, "r").startswith("**Verdict: not attested.**")
