@@ -272,6 +272,7 @@ class Trainer:
         self.batcher = self._make_batcher()
         self.step_losses: list[tuple[int, float]] = []
         self.step_done_at: list[float] = []  # perf_counter after each step (benchmarks: windowed tokens/s)
+        self.export_checked: tuple[Any, str] | None = None  # (export note, what checked it), once exported
         self._recorded_checkpoint = -1
 
     # ------------------------------------------------------------------ small helpers
@@ -321,16 +322,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _record_checkpoints(self) -> None:
+    def _record_checkpoints(self) -> bool:
         """Tag the MLflow run with the last published checkpoint and its manifest's sha256
         (`pipeline.checkpoint`): in the GitHub flow the tag is written by this launch's own
         identity, so the trusted plan of a later `/train` can name this checkpoint, and only
         this one, to resume from after the runner was lost (pipelines/trusted/registry.py)."""
         if not self.is_main:
-            return
+            return False
         done = [o for o in self.checkpointer.outcomes if o.ok and o.path is not None]
         if not done or done[-1].step == self._recorded_checkpoint:
-            return
+            return False
         from validation.files import sha256_file
 
         last = done[-1]
@@ -340,17 +341,22 @@ class Trainer:
                 {"step": last.step, "path": str(last.path), "manifest_sha256": sha256_file(manifest)},
                 sort_keys=True)})
             self._recorded_checkpoint = last.step
+            return True
+        return False
 
     def save_checkpoint(self) -> None:
-        self._record_checkpoints()
+        self._record_checkpoints()  # an asynchronous save published since: its tag goes with this flush
         self.sink.flush()  # everything up to this step is recorded before it can be resumed from
         self.state.mlflow_run_id = self.sink.run_id if self.is_main else self.state.mlflow_run_id
         self.state.detector = self.detector.state()
         self.ckpt.save(self.state)
+        if self._record_checkpoints():  # a synchronous save is published by now: say so before a kill can
+            self.sink.flush()
 
     def wait_checkpoints(self) -> None:
         self.ckpt_write_s = self.ckpt.wait()
-        self._record_checkpoints()
+        if self._record_checkpoints():
+            self.sink.flush()
         self.alerts.drain_to_sink()
         self.comm.barrier()
 
@@ -592,9 +598,10 @@ class Trainer:
                             "params_on_rank0": self.local_params}
         if self.downstream is not None:
             result["downstream"] = {k: v for k, v in self.downstream.items() if k != "metrics"}
-        # How the exported model loads (or why it does not): the report states it.
-        result["export"] = (self.spec.model.export_note().model_dump() | {"architecture": self.spec.model.model_type,
-                            "optimizer": self.spec.train.optimizer.name})
+        # How the exported model loads (or why it does not), as checked on its files: the report states it.
+        note, verified = self.export_checked or (self.spec.model.export_note(), None)
+        result["export"] = (note.model_dump() | ({"verified": verified} if verified else {})
+                            | {"architecture": self.spec.model.model_type, "optimizer": self.spec.train.optimizer.name})
         self.alerts.drain_to_sink()
         if self.is_main:
             self.sink.close(outcome.status)
@@ -703,9 +710,15 @@ class Trainer:
             save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         # Tokenizer files transformers reads, then what the architecture needs to load (a
         # transformers config.json with the tokenizer's special ids, ...), then export.json.
-        from models._export import write_export
+        from models._export import write_export, write_export_info
+        from trainer.hf_checkpoint import verify_export
 
-        write_export(arch, self.raw_model, tmp, self.prepared.tokenizer_path)
+        note = write_export(arch, self.raw_model, tmp, self.prepared.tokenizer_path)
+        # Checked where it is written: a note saying transformers loads it is tried on these files
+        # (the class config.json names, no missing or unexpected keys, the same logits), else
+        # `loadable: false` with the reason, which result.json and the report carry.
+        self.export_checked = verify_export(arch, tmp, note)
+        write_export_info(arch, *self.export_checked, tmp)
         shutil.rmtree(out, ignore_errors=True)
         os.rename(tmp, out)
 

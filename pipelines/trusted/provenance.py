@@ -1,9 +1,8 @@
 """Trusted provenance: what promotion believes about a training run, written by main's code.
 
-The training job runs the pull request's code with the *trainer* MLflow credential. Anything
-that code writes (run tags, start times, metrics, artifacts, the verdict tag) is PR-controlled,
-and one shared trainer credential can write every run the trainer user ever made: PR A's
-training can create or edit runs in PR B's experiment. So promotion reads none of it.
+The training job runs the pull request's code with its launch's MLflow identity (its GitHub OIDC
+token, pipelines/trusted/mlflow_oidc.py). Anything that code writes (run tags, start times,
+metrics, artifacts, the verdict tag) is PR-controlled, so promotion reads none of it.
 
 After training, the `attest` job of `experiment-train.yml` (GitHub-hosted, default-branch code,
 environment `provenance` with the *attestor* credential the training job never sees):

@@ -143,7 +143,8 @@ def test_a_pull_request_from_checks_to_promotion(tiny: Scene) -> None:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(scene.act.env["MLFLOW_TRACKING_URI"])
-    exp_id = client.get_experiment_by_name(scene.experiment).experiment_id
+    # The training job logs to its launch's job experiment (PIPELINE_MLFLOW_EXPERIMENT, issue 36).
+    exp_id = client.get_experiment_by_name(f"{scene.experiment}/job-{train_run_id}-1").experiment_id
     forged = client.create_run(exp_id, start_time=4102444800000, tags={
         "pipeline.git_sha": scene.head_sha, "pipeline.dirty": "false", "pipeline.pr": str(PR),
         "pipeline.github_run_id": str(train_run_id), "pipeline.verdict": "supported"}).info.run_id

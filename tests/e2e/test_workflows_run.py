@@ -108,7 +108,7 @@ def test_the_report_lands_although_the_training_jobs_token_expired(tiny_flow: Fl
     flow.runner.job_tokens["train"] = train_token
     flow.runner.extra_env["PIPELINE_COMMENT_INTERVAL_S"] = "0.5"  # progress would be posted if a token were there
     results = flow.runner.run_workflow("experiment-train.yml", "issue_comment", comment, sha=flow.main_sha,
-                                       only={"authorize", "plan", "job-credentials", "train", "attest", "report"})
+                                       only={"authorize", "plan", "job-identity", "train", "attest", "report"})
     assert results["authorize"].outputs.get("launch") == "true", explain(results)
     assert results["train"].result == "success", explain(results)
     assert results["report"].result == "success", explain(results)

@@ -71,7 +71,9 @@ def policy_violations(name: str, text: str) -> list[str]:
             problems.append(f"{where}: pull-requests: write outside {sorted(PR_WRITERS)}")
         for scope, level in perms.items():
             if level == "write" and scope not in {"pull-requests", "issues"} and \
-                    (where, scope) not in {("experiment-train.cancel", "actions")}:  # /cancel through the API
+                    (where, scope) not in {("experiment-train.cancel", "actions"),  # /cancel through the API
+                                           # its MLflow identity: an OIDC token of this job (issue 36)
+                                           ("experiment-train.train", "id-token")}:
                 problems.append(f"{where}: {scope}: write is broader than any job here needs")
 
         job_text = yaml.safe_dump(job)
@@ -169,7 +171,7 @@ def test_train_job_runs_only_the_approved_sha_on_gated_self_hosted_runners() -> 
     assert runs_on_labels(train) == ["self-hosted", "gpu"]
     assert train["environment"] == "gpu-training"
     # Issue 28: after the trusted plan and the per-job credential broker, gated by authorize.
-    assert train["needs"] == ["authorize", "plan", "job-credentials"]
+    assert train["needs"] == ["authorize", "plan", "job-identity"]
     assert "needs.authorize.outputs.launch == 'true'" in train["if"]
     # Issue 19 item 2: the first steps run the default branch's head check, before any PR code.
     steps = train["steps"]
@@ -377,7 +379,7 @@ def test_cancel_goes_through_the_actions_api_from_trusted_code() -> None:
 PRIVILEGED_JOBS = {("experiment-comment", "comment"), ("experiment-train", "authorize"),
                    ("experiment-train", "capacity"), ("experiment-train", "report"), ("experiment-promote", "promote"),
                    ("experiment-train", "cancel"), ("experiment-train", "attest"), ("experiment-train", "plan"),
-                   ("experiment-train", "job-credentials"), ("experiment-train", "revoke-credentials")}
+                   ("experiment-train", "job-identity"), ("experiment-train", "revoke-identity")}
 
 
 def test_privileged_jobs_install_from_the_hash_pinned_lock() -> None:
@@ -392,15 +394,15 @@ def test_privileged_jobs_install_from_the_hash_pinned_lock() -> None:
     assert "--no-deps --no-build-isolation -e ." in recipe
 
 
-def test_the_gpu_job_installs_from_a_hash_pinned_lock_before_the_trainer_secret() -> None:
+def test_the_gpu_job_installs_from_a_hash_pinned_lock_and_holds_no_secret() -> None:
     """Issue 28: the training job installed with `make setup` (ranges resolved at run time,
-    build tools fetched unhashed) on the machine that then receives the trainer's secret."""
+    build tools fetched unhashed). Issue 36: its secret was opened after the PR's own install,
+    so PR code had it; the job now holds no secret at any step."""
     train = yaml.safe_load((WORKFLOWS / "experiment-train.yml").read_text(encoding="utf-8"))["jobs"]["train"]
     runs = [str(s.get("run", "")).strip() for s in train["steps"]]
     assert "make setup-train" in runs and "make setup" not in runs
-    install = runs.index("make setup-train")
-    secret_steps = [i for i, st in enumerate(train["steps"]) if "secrets." in yaml.safe_dump(st)]
-    assert secret_steps and min(secret_steps) > install, "the trainer's secret reaches a step before the install"
+    assert [i for i, st in enumerate(train["steps"]) if "secrets." in yaml.safe_dump(st)] == []
+    assert "secrets." not in yaml.safe_dump(train)
     assert "secrets." not in yaml.safe_dump(train.get("env", {}))
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     recipe = makefile[makefile.index("setup-train:"):].split("\n\n", 1)[0]
@@ -434,7 +436,9 @@ def test_pr_code_gets_no_write_token_and_never_the_attestor_credential() -> None
     credential lives only in the trusted attest job (environment `provenance`) and promotion."""
     workflow = yaml.safe_load((WORKFLOWS / "experiment-train.yml").read_text(encoding="utf-8"))
     train = workflow["jobs"]["train"]
-    assert set(train["permissions"].values()) == {"read"}
+    assert {k: v for k, v in train["permissions"].items() if k != "id-token"} == {
+        k: "read" for k in train["permissions"] if k != "id-token"}
+    assert train["permissions"]["id-token"] == "write"  # an OIDC token of itself: no repository write
     text = yaml.safe_dump(train)
     assert "ATTESTOR" not in text and "MLFLOW_TRACKING_TOKEN" not in text
     pr_steps = train["steps"][3:]
@@ -447,19 +451,22 @@ def test_pr_code_gets_no_write_token_and_never_the_attestor_credential() -> None
     assert "pipeline attest" in yaml.safe_dump(attest) and "MLFLOW_ATTESTOR_PASSWORD" in yaml.safe_dump(attest)
     promote = yaml.safe_load((WORKFLOWS / "experiment-promote.yml").read_text(encoding="utf-8"))
     assert "MLFLOW_ATTESTOR_PASSWORD" in yaml.safe_dump(promote) and "TRAINER" not in yaml.safe_dump(promote)
-    # Issue 28: the plan (a read of the trusted registry) and the report's attested headline
-    # hold it too: trusted, GitHub-hosted jobs in `provenance` that never run PR code.
+    # Issue 36: the plan (a read of the trusted registry) and the report's attested headline
+    # read with the reader's login (`provenance-read`); only attest holds the attestor's.
     for name, job in workflow["jobs"].items():
-        if name in ("attest", "plan", "report"):
+        if name in ("plan", "report"):
+            assert job["environment"] == "provenance-read" and "self-hosted" not in runs_on_labels(job), name
+            assert "make setup-train" not in yaml.safe_dump(job) and "ATTESTOR" not in yaml.safe_dump(job), name
+            assert "MLFLOW_READER_PASSWORD" in yaml.safe_dump(job), name
+        elif name == "attest":
             assert job["environment"] == "provenance" and "self-hosted" not in runs_on_labels(job), name
-            assert "make setup-train" not in yaml.safe_dump(job), name
         else:
             assert "ATTESTOR" not in yaml.safe_dump(job), name
         # The MLflow admin credential: only the per-job credential broker and its cleanup.
-        if name not in ("job-credentials", "revoke-credentials"):
+        if name not in ("job-identity", "revoke-identity"):
             assert "MLFLOW_ADMIN" not in yaml.safe_dump(job), name
         else:
-            assert job["environment"] == "job-credentials" and "self-hosted" not in runs_on_labels(job), name
+            assert job["environment"] == "job-identity" and "self-hosted" not in runs_on_labels(job), name
 
 
 def test_matrix_comment_writers_never_share_one_pending_slot() -> None:

@@ -67,6 +67,10 @@ def state_dicts(model: torch.nn.Module, optimizer: Any, flatten: bool = True) ->
     return get_state_dict(model, _optimizer(optimizer), options=_options(flatten))
 
 
+NOT_WRITTEN = "not written: "
+"""How a rank's reason says its write raised (as opposed to a save that does not read back)."""
+
+
 def save_shards(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
     """Collective: every rank writes `__<rank>_0.distcp`; rank 0 also `.metadata`."""
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -379,7 +383,7 @@ class ShardedStorage:
             save_shards(tmp, live.model, live.optimizer)
             reason = verify_roundtrip(tmp, live_model_state(live.model))
         except Exception as exc:  # noqa: BLE001 - disk full, quota: reported, previous state intact
-            reason = f"not written: {exc}"
+            reason = f"{NOT_WRITTEN}{exc}"
         self._complete(step, tmp, reason, t0)
 
     def _write_in_background(self, tmp: Path, staged: dict[str, Any]) -> None:
@@ -388,7 +392,7 @@ class ShardedStorage:
         try:
             dcp_save(staged, checkpoint_id=str(tmp), process_group=self._group)
         except Exception as exc:  # noqa: BLE001 - reported when the save is completed
-            self._bg_error = f"not written: {exc}"
+            self._bg_error = f"{NOT_WRITTEN}{exc}"
 
     def complete(self) -> None:
         """Collective: validate and publish the background save (every rank calls this together)."""
@@ -420,7 +424,13 @@ class ShardedStorage:
         all_files = live.comm.gather(files)
         if live.is_main:
             problems = [r for r in reasons if r]
-            if problems:
+            # A write that raised (disk full, quota) is a failed save, like the one-process
+            # layout's: trainer/monitor.py stops on a full disk and at the third failure. A save
+            # that was written but does not read back is an invalid one.
+            failed = [r.removeprefix(NOT_WRITTEN) for r in problems if r.startswith(NOT_WRITTEN)]
+            if failed:
+                live.writer.fail(step, tmp, OSError(failed[0]), t0)
+            elif problems:
                 live.writer.reject(step, tmp, problems[0], t0)
             else:
                 merged: dict[str, dict[str, Any]] = {}
