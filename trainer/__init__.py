@@ -3,6 +3,7 @@
 Runs on every rank under `accelerate launch`, reads only the resolved spec and makes no
 decisions of its own. Modules:
 
+  __main__    `python -m trainer` is `entry.main`
   entry       argument parsing, exit codes (0 finished, 5 failed/stopped, 143 preempted)
   loop        `Trainer`: model + AdamW + schedule, accumulation, eval, checkpoints, alerts, export
   model       the network of `spec.model`, built by its plug-in file in models/; parameters, bits per byte
@@ -29,6 +30,12 @@ decisions of its own. Modules:
               decision that depends on one rank's observation goes through them
   parallel    `Topology` (data x tensor parallel), `make_accelerator` (with the FSDP-on-CPU patch),
               FSDP2 / TP model materialised shard by shard from the meta device
+  pipeline_parallel  pipeline stages (torch.distributed.pipelining) composed with DDP, FSDP and TP:
+              the stage split, the (pp, dp, tp) mesh, the 1F1B schedule's step and evaluation
+  activation_checkpointing  the `train.activation_checkpointing` modes applied to the plug-in's blocks
+  contract_checks  the plug-in contract's torch half (`pipeline contract`): meta counts, FLOPs, TP
+              names, packed rows equal to documents alone, optimizer state round trip
+  hf_checkpoint  weights exported in Hugging Face's layout and read back (`model/`, transformers)
   dry_run     the full-scale dry run of `pipeline plan --dry-run`: the real model on fake tensors,
               sharded by `parallel` over a fake process group, one step under torch's memory tracker
   measure     what an architecture declares, measured: parameters on the meta device, FLOPs on

@@ -18,6 +18,7 @@ validate` imports it without torch, so this package imports nothing.
   capability      what the trainer can execute (`TRAINER`), read by validate, plan, smoke, trainer
   flops           device peak FLOPS and training FLOPs per token: one table, one formula
   eval_tasks      `eval.tasks` (lm-evaluation-harness tasks), checked without lm-eval or torch
+  contract        the plug-in contract's torch-free half: what a model or optimizer file must declare
   paths           where things live: the experiments folder, an experiment's file, the data roots
   environment     offline defaults (`OFFLINE_ENV`, `scoped_environ`), the run's env fingerprint
   errors          the `PipelineError` hierarchy and the one registry of exit codes

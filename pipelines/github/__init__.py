@@ -11,6 +11,8 @@ this package imports nothing heavy so `pipeline --help` stays fast.
               trigger asked of the API, bound to the validated head SHA
   cancel      `/cancel` through the Actions API: the trusted runs training a PR's experiment
   runners     self-hosted runners: capacity before a launch, listing, pruning offline ones
+  oidc_token  the training job's MLflow identity: its GitHub OIDC token on every request
+              (`MLFLOW_TRACKING_AUTH=github-oidc`), refreshed before it expires
   ephemeral-runner.sh  one just-in-time runner for the length of one job (e.g. as a Slurm job)
 
 Promotion, provenance and job identities are trusted-only code: pipelines/trusted/.

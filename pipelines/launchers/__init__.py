@@ -15,6 +15,7 @@ only while that job has not ended, and `cancel_quietly(run_dir)` stops it as bes
   interface  what every launcher speaks: `LaunchJob`, `LaunchHandle` (`RUN/launch.json`), `JobState`,
              the `Launcher` protocol
   local      `local`: `accelerate launch` with N processes on this host; rank locks, grace, cancel
+  solo       one process started directly (no `accelerate launch`), in the environment accelerate would give it
   static     `static`: one node of a multi-node job meeting at a fixed rendezvous endpoint
   slurm      `slurm`: the sbatch script, `srun` on every node, polling `scontrol`, requeue
   commands   the `accelerate launch` command line for one machine of a job (pure)

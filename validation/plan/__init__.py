@@ -13,7 +13,10 @@ and the PR check can answer in milliseconds. One module per concern:
 - `compute`: `estimate_compute(spec, layout)`, FLOPs, GPU-hours at an assumed MFU, wall time.
 - `tier`: `approval_tier(compute, resource)`, how many approvals the run needs, or refused.
 - `assemble`: `make_plan(spec)` combines them.
+- `decision`: the decision a researcher takes from a plan, first (layout, memory, time for
+  every run, cost, detectable effect, reuse, passes over the data, evaluation points).
 - `render`: `render_plan_text` / `render_plan_markdown` show it.
+- `common`: shared pieces: units, the spec locator, layout names, number formats.
 
 Every figure is an estimate with its assumptions named next to the constant that
 encodes it; the point is to catch the 10x mistakes (a 70B model on one node, a
