@@ -112,6 +112,8 @@ def plan_claim(registry: TrustedRegistry | None, spec: Any, spec_seeds: Sequence
                now: float) -> ExperimentPlan:
     """`decide` for one experiment spec against the registry's view of its claim (no registry:
     every claim unregistered)."""
+    from dataclasses import replace
+
     from reports import prereg
 
     claim = prereg.claim_key(spec)
@@ -123,9 +125,13 @@ def plan_claim(registry: TrustedRegistry | None, spec: Any, spec_seeds: Sequence
     seen = registry.seen_seeds(claim) if registry is not None else set()
     entry = prereg.claim_entry(claim, spec.name, spec.hypothesis, spec_seeds, pilot=spec.hypothesis.pilot, now=now,
                                pr=pr)
-    return decide(experiment=spec.name, claim=claim, pilot=spec.hypothesis.pilot, base_seed=spec.train.seed,
+    others = sorted({by for by, _ in made if by != pr})
+    plan = decide(experiment=spec.name, claim=claim, pilot=spec.hypothesis.pilot, base_seed=spec.train.seed,
                   n_seeds=spec.hypothesis.seeds, spec_seeds=list(spec_seeds), entry=entry,
-                  registration=registration, seen=seen, others=[by for by, _ in made if by != pr])
+                  registration=registration, seen=seen, others=others)
+    # Looks at the same configuration by other pull requests: they decide nothing here, but the
+    # comment names them, so reviewers see a configuration tried in several pull requests.
+    return replace(plan, facts={**plan.facts, "other_prs": others}) if others else plan
 
 
 def _seeds(seeds: list[int] | tuple[int, ...]) -> str:
@@ -305,6 +311,8 @@ class TrustedVerdict:
     """A sweep's number of trials (0: not a sweep)."""
     winner: str = ""
     """A sweep's winning trial, whose configuration the attested candidate runs have."""
+    other_prs: tuple[int, ...] = ()
+    """Other pull requests that registered the same claim (each its own test, on its own seeds)."""
 
     @property
     def differs(self) -> bool:
@@ -326,6 +334,9 @@ class TrustedVerdict:
         if self.kind == EXPLORATORY:
             line += " (this launch was exploratory: the claim's registration decides)"
         line += f"\n\n{self.attested()}"
+        if self.other_prs:
+            line += (f" Pull request(s) {', '.join(f'#{n}' for n in self.other_prs)} registered this configuration "
+                     "too: each is its own test on its own seeds, and none of theirs is one of this launch's.")
         if self.differs:
             line += (f"\n\n> The pull request's own report says `{self.reported or 'no verdict'}`; it was computed by "
                      "the pull request's code and is not the verdict promotion uses.")
@@ -448,10 +459,13 @@ def trusted_verdict(plan: ExperimentPlan, facts: Mapping[str, list[dict[str, Any
                    if c["spec_hash"] in judged), "") if trials else ""
     seeds = tuple(sorted({r.seed for r in candidates if r.seed is not None}))
     winner = winner if _NAME.match(winner) else ""
+    others = tuple(int(n) for n in plan.facts.get("other_prs") or () if str(n).isdigit())
     if not candidates:
-        return TrustedVerdict("inconclusive", "no attested candidate run", plan.kind, reported, seeds, trials, winner)
+        return TrustedVerdict("inconclusive", "no attested candidate run", plan.kind, reported, seeds, trials, winner,
+                              others)
     report = make_report(candidates, records("baseline"), view, experiment=plan.experiment, claim=plan.claim)
-    return TrustedVerdict(report.verdict.outcome, report.verdict.reason, plan.kind, reported, seeds, trials, winner)
+    return TrustedVerdict(report.verdict.outcome, report.verdict.reason, plan.kind, reported, seeds, trials, winner,
+                          others)
 
 
 def attested_verdict(client: Any, store: str, *, experiment: str, sha: str, workflow_run_id: int) -> TrustedVerdict | None:
@@ -472,15 +486,17 @@ def attested_verdict(client: Any, store: str, *, experiment: str, sha: str, work
         return None
     seeds = tuple(int(p) for p in tags.get("pipeline.attested_seeds", "").split(",") if p.lstrip("-").isdigit())
     trials, winner = tags.get("pipeline.sweep_trials", ""), tags.get("pipeline.sweep_winner", "")
+    others = tuple(int(p) for p in tags.get("pipeline.other_prs", "").split(",") if p.isdigit())
     return TrustedVerdict(outcome, "", kind, reported, seeds=seeds, sweep_trials=int(trials) if trials.isdigit() else 0,
-                          winner=winner if _NAME.match(winner) else "")
+                          winner=winner if _NAME.match(winner) else "", other_prs=others)
 
 
 def verdict_tags(verdict: TrustedVerdict) -> dict[str, str]:
     """What the attestation records of the trusted verdict besides its outcome (`attested_verdict`
     reads them back for the headline)."""
     return {"pipeline.attested_seeds": ",".join(map(str, verdict.seeds)),
-            "pipeline.sweep_trials": str(verdict.sweep_trials), "pipeline.sweep_winner": verdict.winner}
+            "pipeline.sweep_trials": str(verdict.sweep_trials), "pipeline.sweep_winner": verdict.winner,
+            "pipeline.other_prs": ",".join(map(str, verdict.other_prs))}
 
 
 def compose_report_body(verdict: TrustedVerdict | None, report_md: str) -> str:
@@ -534,7 +550,7 @@ def plan_launch(checkout: Path, experiments: Sequence[str], *, registry: Trusted
             configurations = _sweep_winners(candidate) if candidate.spec.sweep is not None else [("", {}, candidate)]
             baseline = (resolve(Path(candidate.baseline.file), checkout, seeds=list(plan.seeds))
                         if candidate.baseline.file is not None else None)
-        facts: dict[str, Any] = {"code_tree": tree}
+        facts: dict[str, Any] = {**plan.facts, "code_tree": tree}
         reuse: dict[str, tuple[str, ...]] = {}
         for role, choices in (("candidate", configurations), ("baseline", [("", {}, baseline)] if baseline else [])):
             found: list[dict[str, Any]] = []

@@ -253,7 +253,11 @@ def test_a_rename_or_more_seeds_in_the_same_pull_request_stays_exploratory_and_s
     # Another pull request with the same configuration: its own rule, never on a seed any look used.
     other = plan_claim(registry, _spec(train__seed=500), [500, 501, 502], pr=8, now=400.0)
     assert other.kind == CONFIRMATORY and other.new_registration and other.seeds == (503, 504, 505)
-    assert "#4 registered this configuration too" in other.reason
+    assert "#4 registered this configuration too" in other.reason and other.facts == {"other_prs": [4]}
+    # The comment names it too: a configuration tried in several pull requests is visible to reviewers.
+    facts = _facts(other.seeds, effect=0.01)
+    headline = trusted_verdict(other, facts, _spec().hypothesis.model_dump(mode="json"), None).headline()
+    assert "Pull request(s) #4 registered this configuration too" in headline
     assert registry.registration(first.claim, pr=4) == first.registration
     assert registry.registration(first.claim, pr=8) is None  # until PR 8's attest job records it
 
