@@ -128,13 +128,15 @@ def gh() -> Iterator[GitHubEmulator]:
 
 def training(uri: str, tmp: Path, *, experiment: str, sha: str, workflow_run: int, pr: int,
              verdict: str = "supported", start_time: int | None = None) -> str:
-    """What a training job leaves, made with the trainer credential (as PR code would)."""
+    """What a training job leaves, made with a non-attestor credential (as PR code would), in
+    the launch's job experiment (`<experiment>/job-<run>-1`: attest accepts no other)."""
     from mlflow.tracking import MlflowClient
 
     with as_user(TRAINER):
         client = MlflowClient(uri)
-        exp = client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+        name = f"{experiment}/job-{workflow_run}-1"
+        exp = client.get_experiment_by_name(name)
+        exp_id = exp.experiment_id if exp else client.create_experiment(name)
         tags = {"pipeline.git_sha": sha, "pipeline.dirty": "false", "pipeline.pr": str(pr),
                 "pipeline.github_run_id": str(workflow_run), "pipeline.verdict": verdict}
         run = client.create_run(exp_id, tags=tags, start_time=start_time)
@@ -230,7 +232,7 @@ def test_a_forged_record_of_another_pr_never_promotes(gh: GitHubEmulator, server
             "pipeline.github_run_id": "501", "pipeline.verdict": "supported"}))
         assert denied(lambda: client.create_model_version(MODEL, f"runs:/{forged}/model", run_id=forged))
     # A's own attest job (trusted code, A's approved values) refuses A's report naming the forgery.
-    with as_user(ATTESTOR), pytest.raises(AttestationRefused, match="not `attacker`"):
+    with as_user(ATTESTOR), pytest.raises(AttestationRefused, match="not this launch.s `attacker/job-502-1`"):
         attest(tracking_uri=uri, pr=a, sha=SHA_B, experiment="attacker", workflow_run_id=502,
                result=result(forged, verdict="supported"), provenance_id=store)
 
@@ -268,7 +270,7 @@ def test_attest_refuses_claims_that_do_not_match(server: tuple[str, str], tmp_pa
     run = training(uri, tmp_path, experiment="claims", sha=SHA_A, workflow_run=601, pr=3)
     with as_user(ATTESTOR):
         for kw, match in [(dict(sha=SHA_B), "approved commit"), (dict(workflow_run_id=602), "this workflow run"),
-                          (dict(experiment="other"), "not `other`")]:
+                          (dict(experiment="other"), "not this launch.s `other/job-601-1`")]:
             args = dict(tracking_uri=uri, pr=3, sha=SHA_A, experiment="claims", workflow_run_id=601,
                         result=result(run, verdict="supported"), provenance_id=store) | kw
             with pytest.raises(AttestationRefused, match=match):
