@@ -89,6 +89,11 @@ def publish_report(experiment: str, report_dir: Path, *, pr: int | None, sha: st
         atomic_write_text(Path(export) / "report.md", body)
         if (report_dir / "result.json").is_file():  # the candidate runs and verdict, for the attest job
             atomic_write_text(Path(export) / "result.json", (report_dir / "result.json").read_text(encoding="utf-8"))
+        # The curves as images (mean and seed band) travel in the same artifact: the comment shows
+        # them as Mermaid charts and names these files (GitHub shows no image without a host).
+        for png in sorted(report_dir.glob("*.png")):
+            if png.is_file() and not png.is_symlink():
+                (Path(export) / png.name).write_bytes(png.read_bytes())
         return Path(export) / "report.md"
     state = {"stage": "report"} | ({"validated_sha": sha} if sha else {})
     if _on_github(pr):

@@ -9,10 +9,14 @@ Nothing heavy is imported here: scipy, matplotlib and mlflow load inside the fun
   verdict    supported, refuted or inconclusive, with its reason (one-sided paired t-test)
   prereg     preregistration: the hypothesis frozen into a run's record when its training starts
   identical  a candidate identical to its baseline (A/A): no training, no verdict, no tags
-  report     `Report`: comparison, verdict, diffs, cost, alerts and fairness warnings (pure)
+  report     `Report`: comparison, verdict, diffs, cost, alerts of both sides and fairness warnings (pure)
+  headline   the comment's first screen: verdict in words, effect and bound in one sentence, cost
+             against the plan recorded at launch, what merging does, commit and links (pure)
+  evidence   every effect as an improvement (+ = better), which metrics are outcomes, the interval chart (pure)
+  markup     user text escaped for the comment's markdown (pure)
   render     markdown for the sticky PR comment and the step summary (pure)
   plots      PNG plots of the curves (matplotlib, Agg), saved next to report.md
-  publish    `build_report`: runs in, `report/{report.md, result.json, *.png}` out (the adapter)
+  publish    `build_report`: runs in, `report/{report.md, summary.txt, result.json, *.png}` out (the adapter)
 """
 
 from reports.compare import Comparison, MetricComparison, compare

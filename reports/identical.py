@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reports.records import flatten
-from reports.render import escape_text
+from reports.markup import escape_text
 
 OUTCOME = "identical"
 

@@ -1,6 +1,8 @@
 """PNG plots of the curves (matplotlib, Agg backend), saved next to report.md and
-optionally logged to MLflow. The Mermaid charts in the comment are the quick look;
-these keep every point and every seed for the artifacts.
+optionally logged to MLflow: per side the mean over seeds and a shaded band from the lowest
+to the highest seed, every logged point. The comment shows the same curves as Mermaid charts
+(GitHub renders those inline; an image would need a host); these travel with the report's
+files (the workflow's report artifact, `pipelines.pr_comment.publish_report`).
 """
 
 from __future__ import annotations
@@ -37,16 +39,23 @@ def save_plots(report: Report, out_dir: str | Path, metrics: Sequence[str] | Non
             continue
         fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
         for side, name, runs, color in sides:
-            for i, run in enumerate(runs):
-                points = run.history.get(metric, [])
-                if not points:
-                    continue
-                steps, values = zip(*points, strict=True)
-                label = f"{side}: {name}" if i == 0 else None
-                ax.plot(steps, values, color=color, alpha=0.9 if len(runs) == 1 else 0.6, linewidth=1.2, label=label)
+            by_step: dict[int, list[float]] = {}
+            for run in runs:
+                for step, value in run.history.get(metric, []):
+                    by_step.setdefault(step, []).append(value)
+            if not by_step:
+                continue
+            steps = sorted(by_step)
+            means = [sum(by_step[s]) / len(by_step[s]) for s in steps]
+            seeds = len([r for r in runs if r.history.get(metric)])
+            label = f"{side}: {name}" + (f" (mean of {seeds} seeds, band: min-max)" if seeds > 1 else "")
+            if seeds > 1:
+                ax.fill_between(steps, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps],
+                                color=color, alpha=0.2, linewidth=0)
+            ax.plot(steps, means, color=color, linewidth=1.6, label=label, marker="o" if len(steps) < 5 else None)
         ax.set_xlabel("step")
         ax.set_ylabel(metric)
-        ax.set_title(f"{metric}: {report.experiment} vs {report.baseline_name}")
+        ax.set_title(f"{metric}: mean over seeds, band from lowest to highest seed", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()

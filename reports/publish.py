@@ -23,7 +23,7 @@ from reports.render import (
     render_markdown,
     write_step_summary,
 )
-from reports.report import Report, make_report
+from reports.report import Report, ReportContext, make_report
 from reports.verdict import Verdict
 from validation.errors import UsageError
 
@@ -96,6 +96,77 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+SUMMARY_NAME = "summary.txt"
+"""The comment's first screen and the test, for a terminal (`pipeline demo` prints it)."""
+
+
+def compare_url(base_url: str, runs: Sequence[tuple[str, str]]) -> str:
+    """MLflow's compare view of `runs` ((experiment id, run id) pairs), as its UI links it
+    (`/#/compare-runs?runs=[...]&experiments=[...]`, JSON lists, percent-encoded)."""
+    from urllib.parse import quote
+
+    run_ids = list(dict.fromkeys(r for _, r in runs))
+    experiments = sorted(set(e for e, _ in runs))
+
+    def as_json(items: list[str]) -> str:
+        return quote(json.dumps(items, separators=(",", ":")), safe="")
+
+    return f"{base_url.rstrip('/')}/#/compare-runs?runs={as_json(run_ids)}&experiments={as_json(experiments)}"
+
+
+def _compare_link(report: Report, mlflow_url: str | None, client: Any) -> str | None:
+    """The compare view of every run of the report, when MLflow has a URL and knows each run's
+    experiment (asked of the client: result.json keeps the run ids, not their experiments)."""
+    ids = [r.mlflow_run_id for r in (*report.candidates, *report.baselines) if r.mlflow_run_id]
+    if not mlflow_url or client is None or not ids:
+        return None
+    pairs = []
+    try:
+        for run_id in dict.fromkeys(ids):
+            pairs.append((str(client.get_run(run_id).info.experiment_id), run_id))
+    except Exception:  # noqa: BLE001 - a link is context: MLflow down or a run gone means no link
+        return None
+    return compare_url(mlflow_url, pairs)
+
+
+LOCAL_MLFLOW_UI = "http://127.0.0.1:5000"
+"""Where `mlflow ui` serves a local store by default."""
+
+
+def _tracking_uri(client: Any) -> str | None:
+    uri = getattr(getattr(client, "_tracking_client", None), "tracking_uri", None)
+    return uri if isinstance(uri, str) else None
+
+
+def workflow_run_url(env: dict[str, str]) -> str | None:
+    """The GitHub Actions run this report is made in (None elsewhere)."""
+    server, repo, run = (env.get(k) for k in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"))
+    if server and repo and run and run.isdigit():
+        return f"{server.rstrip('/')}/{repo}/actions/runs/{run}"
+    return None
+
+
+def summary_text(report: Report) -> str:
+    """The first screen for a terminal, then the per-seed test and its chart (plain text)."""
+    from reports.evidence import better_way, improvement, interval_chart, num, pct
+    from reports.headline import level_text, top_text
+
+    lines = top_text(report)
+    h, v = report.hypothesis, report.verdict
+    m = report.comparison.metrics.get(h.metric)
+    if m is not None:
+        imp = improvement(m, better_way(h.metric, report), report.comparison.confidence)
+        way = "lower" if imp.way == "decrease" else "higher"
+        lines += ["", f"per seed ({h.metric}; improvement: + = {way})"]
+        lines += [f"  seed {p.seed}: baseline {num(p.baseline.final_metrics.get(h.metric))}, candidate "
+                  f"{num(p.candidate.final_metrics.get(h.metric))}, improvement {pct(x)}"
+                  for p, x in zip(report.comparison.pairs, imp.per_seed, strict=False)]
+        chart = interval_chart(v.effect, v.effect_ci, h.min_effect, imp.per_seed, level=level_text(report))
+        if chart:
+            lines += ["", chart]
+    return "\n".join(lines) + "\n"
+
+
 def report_result(report: Report, markdown: str, plots: Sequence[str]) -> dict[str, Any]:
     """The machine-readable report (what promotion gates and the comment workflow read)."""
     v = report.verdict
@@ -133,6 +204,8 @@ def report_result(report: Report, markdown: str, plots: Sequence[str]) -> dict[s
         "alerts": [{"run_id": run, **asdict(a)} for run, a in report.alerts],
         "warnings": list(report.warnings),
         "plots": list(plots),
+        "context": asdict(report.context),
+        "baseline_alerts": [{"run_id": run, **asdict(a)} for run, a in report.baseline_alerts],
         "markdown_chars": len(markdown),
         "truncated": is_truncated(markdown),
     })
@@ -186,7 +259,22 @@ def build_report(
     from reports.plots import log_to_mlflow, save_plots
 
     plots = save_plots(report, out)
-    report = Report(**{**report.__dict__, "plots": tuple(p.name for p in plots)})
+    env = env if env is not None else dict(os.environ)
+    from datetime import UTC, datetime
+
+    workflow = workflow_run_url(env)
+    uri = _tracking_uri(mlflow_client)
+    local = bool(uri and uri.startswith("sqlite:///"))  # a store on this machine: `mlflow ui` serves it
+    context = ReportContext(
+        commit=report.context.commit, dirty=report.context.dirty,
+        generated_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        workflow_url=workflow,
+        compare_url=_compare_link(report, mlflow_url or (LOCAL_MLFLOW_UI if local else None), mlflow_client),
+        mlflow_hint=(f"start its UI first: `mlflow ui --backend-store-uri {uri}`" if local and not mlflow_url
+                     else report.context.mlflow_hint),
+        artifacts=(f"the `report-{report.experiment}` artifact of the workflow run" if workflow else str(out)),
+    )
+    report = Report(**{**report.__dict__, "plots": tuple(p.name for p in plots), "context": context})
     markdown = render_markdown(report, mlflow_url=mlflow_url, max_chars=max_chars)
     md_path = out / "report.md"
     md_path.write_text(markdown, encoding="utf-8")
@@ -205,7 +293,10 @@ def build_report(
                       None)
         if target:
             log_to_mlflow(mlflow_client, target, files)
-    write_step_summary(markdown, env if env is not None else dict(os.environ))
+    summary_path = out / SUMMARY_NAME
+    summary_path.write_text(summary_text(report), encoding="utf-8")
+    files.append(summary_path)
+    write_step_summary(markdown, env)
     tmp = result_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report_result(report, markdown, [p.name for p in plots]), indent=2, default=str), encoding="utf-8")
     tmp.replace(result_path)  # last: the report directory exists once this file does

@@ -49,6 +49,14 @@ class DataInfo:
     """None when the data-check stage left no result."""
     checks_failed: tuple[str, ...] = ()
     """Names of the failed expectations, for the data diff."""
+    checks_total: int | None = None
+    """Expectations evaluated by the data-check stage (`data_check.json` `total`); None when unknown."""
+    checks_met: int | None = None
+    check_rows: tuple[dict[str, Any], ...] = ()
+    """Per-source profile the checks ran on (documents, tokens, duplicate and empty rates, weights,
+    drift against the baseline), as `validation.data.checks` wrote it."""
+    checks_against: str | None = None
+    """The baseline experiment the drift rules compared with (None: no drift checks)."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,11 @@ class Cost:
 
     device_hours: float | None = None
     estimate_device_hours: float | None = None
+    """The approved plan's estimate for this run, recorded at launch (`launch_estimate`); None when
+    the run has no recorded plan (never re-planned afterwards: see `launch_estimate`)."""
     wall_s: float | None = None
+    estimate_wall_s: float | None = None
+    """The plan's wall time for this run, recorded with the estimate."""
 
 
 @dataclass(frozen=True)
@@ -306,18 +318,58 @@ def _realised_mixture(history: dict[str, list[tuple[int, float]]], result: dict[
 # --------------------------------------------------------------------------- run directory
 
 
-def planned_device_hours(resolved_spec: dict[str, Any]) -> float | None:
-    """The preflight estimate for this spec (pure code), or None when it cannot be planned."""
+ESTIMATE_KEYS = ("estimate_device_hours", "estimate_wall_s", "estimate_mfu")
+"""What `launch_estimate` records in a seed run's identity.json (and so, through the trainer's
+`pipeline.<key>` tags, in MLflow)."""
+
+
+def launch_estimate(spec: Any) -> dict[str, float]:
+    """The plan's estimate for one run of `spec`, to record when the run is launched.
+
+    `spec` must be the `ExperimentSpec` as loaded from the experiment file (what `pipeline plan`
+    and the PR's plan priced): `validation.plan` reads which fields the file set (a CPU spec that
+    does not set `resource.assumed_mfu` is planned at the measured CPU utilisation), and a spec
+    dumped to JSON and read back has every field set. Re-planning a run's `spec.resolved.json`
+    afterwards is what priced the demo at 0.35 MFU and called a run that used 83 % of its plan
+    "782 % of the estimate"; the report reads this record instead. Empty when it cannot be planned."""
     try:
         from validation.plan import make_plan
-        from validation.spec import ExperimentSpec
 
-        return float(make_plan(ExperimentSpec.model_validate(resolved_spec)).compute.device_hours)
-    except (PipelineError, ValueError, ImportError, KeyError, TypeError):
-        return None  # optional context: an old or partial spec just shows no estimate
+        compute = make_plan(spec).compute
+    except (PipelineError, ValueError, ImportError, KeyError, TypeError, AttributeError):
+        return {}  # optional context: the report then says no plan was recorded
+    return {"estimate_device_hours": round(compute.device_hours, 6), "estimate_wall_s": round(compute.wall_seconds, 1),
+            "estimate_mfu": compute.assumed_mfu}
 
 
-def _data_check_of(run_dir: Path) -> tuple[bool | None, tuple[str, ...]]:
+@dataclass(frozen=True)
+class CheckSummary:
+    passed: bool | None = None
+    failed: tuple[str, ...] = ()
+    total: int | None = None
+    met: int | None = None
+    rows: tuple[dict[str, Any], ...] = ()
+    against: str | None = None
+
+
+ROW_KEYS = ("source", "documents", "tokens", "duplicate_rate", "empty_rate", "doc_tokens_p50", "requested_weight",
+            "realised_weight", "js_divergence")
+
+
+def _check_detail(data: Any) -> CheckSummary:
+    """Counts and per-source rows of a `data_check.json` (validation.data.checks), leniently."""
+    if not isinstance(data, dict):
+        return CheckSummary()
+    total = data.get("total")
+    failed_count = data.get("failed")
+    rows = tuple({k: row.get(k) for k in ROW_KEYS if k in row} for row in data.get("rows") or () if isinstance(row, dict))
+    against = str(data["baseline"]) if data.get("baseline") else None
+    if not isinstance(total, int) or not isinstance(failed_count, int):
+        return CheckSummary(rows=rows, against=against)
+    return CheckSummary(total=total, met=total - failed_count, rows=rows, against=against)
+
+
+def _data_check_of(run_dir: Path) -> CheckSummary:
     """The data-check outcome of the experiment a seed directory belongs to.
 
     Seed runs live in `<experiment run>/train/seed-<n>/`; the `check` stage result is
@@ -337,12 +389,16 @@ def _data_check_of(run_dir: Path) -> tuple[bool | None, tuple[str, ...]]:
         outputs: dict[str, Any] = stage["outputs"] if isinstance(stage.get("outputs"), dict) else {}
         passed = outputs.get("ok", stage.get("status") == "ok" if "status" in stage else None)
         failed: tuple[str, ...] = ()
+        summary = CheckSummary()
         detail = Path(str(outputs.get("json", ""))) if outputs.get("json") else None
         if detail is not None and detail.is_file():
-            detail_passed, failed = _checks_summary(_read_json(detail))
+            body = _read_json(detail)
+            detail_passed, failed = _checks_summary(body)
             passed = detail_passed if detail_passed is not None else passed
-        return (bool(passed) if passed is not None else None), failed
-    return None, ()
+            summary = _check_detail(body)
+        return CheckSummary((bool(passed) if passed is not None else None), failed, summary.total, summary.met,
+                            summary.rows, summary.against)
+    return CheckSummary()
 
 
 def is_divergence_metric(key: str) -> bool:
@@ -467,13 +523,17 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
         tags["export"] = str(export["how"])
         tags["export_loadable"] = "true" if export.get("loadable") else "false"
 
-    passed, failed = _data_check_of(run_dir)
+    checks = _data_check_of(run_dir)
     data = DataInfo(
         version=identity.get("data_version") or result.get("data_version"),
         mixture_requested=_requested_mixture(params),
         mixture_realised=_realised_mixture(history, result),
-        checks_passed=passed,
-        checks_failed=failed,
+        checks_passed=checks.passed,
+        checks_failed=checks.failed,
+        checks_total=checks.total,
+        checks_met=checks.met,
+        check_rows=checks.rows,
+        checks_against=checks.against,
     )
 
     wall_s = _finite(result.get("wall_s"))
@@ -481,9 +541,11 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
     if used is None and wall_s is not None:
         world = result.get("world_size")
         used = wall_s * (int(world) if isinstance(world, int) and world > 0 else _world_size(params)) / 3600.0
+    # The approved plan's estimate, recorded at launch (`launch_estimate`); never re-planned here.
     estimate = _find_number(result, ("estimate_device_hours", "estimated_device_hours"))
-    if estimate is None and spec:
-        estimate = planned_device_hours(spec)
+    if estimate is None:
+        estimate = _finite(identity.get("estimate_device_hours"))
+    estimate_wall = _finite(identity.get("estimate_wall_s"))
 
     seed = identity.get("seed", params.get("train.seed"))
     diverged_at: Any = result.get("diverged_at_step")
@@ -506,7 +568,7 @@ def record_from_run_dir(path: str | Path) -> RunRecord:
         tags=tags,
         data=data,
         alerts=alerts,
-        cost=Cost(device_hours=used, estimate_device_hours=estimate, wall_s=wall_s),
+        cost=Cost(device_hours=used, estimate_device_hours=estimate, wall_s=wall_s, estimate_wall_s=estimate_wall),
         perf=Perf(
             tokens_per_s=_typical(history, final, "perf/tokens_per_s"),
             mfu=_typical(history, final, "perf/mfu"),
@@ -631,6 +693,7 @@ def records_from_mlflow(
                     device_hours=_finite(tags.get("device_hours")) or (wall_s * _world_size(params) / 3600 if wall_s else None),
                     estimate_device_hours=_finite(tags.get("estimate_device_hours")),
                     wall_s=wall_s,
+                    estimate_wall_s=_finite(tags.get("estimate_wall_s")),
                 ),
                 perf=Perf(_typical(history, final, "perf/tokens_per_s"), _typical(history, final, "perf/mfu"),
                           final.get("perf/peak_mem_gb"), _count(params.get("n_params")),

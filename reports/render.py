@@ -1,47 +1,38 @@
 """Markdown for the sticky PR comment and the step summary (pure: `Report` in, text out).
 
 What GitHub does with it decides the shape: the comment limit is 65,536 characters, so
-the headline, verdict and key table always come first and the rest sits in collapsible
-`<details>` sections that are dropped, by name and with a note saying so, when the text
-would not fit. Loss curves are Mermaid `xychart-beta` blocks, which GitHub renders
-inline with no image hosting. User-written text (the hypothesis) is escaped: it must not
+the first screen (`reports.headline`: the verdict in words, the effect and its bound in one
+sentence, cost against the approved plan, what merging does, links) always comes first and
+the evidence sits in `<details>` sections (`reports.evidence` for the numbers) that are
+shortened or dropped, by name and with a note saying so, when the text would not fit. Loss
+curves are Mermaid `xychart-beta` blocks (mean and seed band), which GitHub renders inline
+with no image hosting; the PNG versions travel with the report's files (the run artifact). User-written text (the hypothesis) is escaped: it must not
 open HTML, break a table or ping people.
 """
 
 from __future__ import annotations
 
-import html
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
+from statistics import fmean
 from typing import TypeVar
 
+from reports.markup import escape_text
 from reports.records import RunRecord
 from reports.report import ABSENT, Report
-from reports.verdict import pct_exact
-from validation.spec import ALPHA_LIMIT  # above it, the headline shows `alpha_override`
 
 T = TypeVar("T")
 GITHUB_COMMENT_LIMIT = 65_536
 MAX_CHART_POINTS = 50
-VERDICT_BADGES = {"supported": ("✅", "Supported"), "refuted": ("❌", "Refuted"), "inconclusive": ("🟡", "Inconclusive"),
-                  "identical": ("⚪", "Identical")}
-
-KEY_METRICS = ("eval/loss", "eval/bpb", "train/loss", "perf/tokens_per_s", "perf/mfu", "perf/peak_mem_gb")
 CHART_METRICS = ("train/loss", "eval/loss")
 _MERMAID_BLOCK = re.compile(r"^```mermaid\n(.*?)^```$", re.S | re.M)
 
 
 # --------------------------------------------------------------------------- small helpers
-
-
-def escape_text(text: str) -> str:
-    """User text for markdown: no raw HTML, no table breaks, no @-mentions, one line."""
-    text = html.escape(" ".join(str(text).split()), quote=False)
-    return text.replace("|", "\\|").replace("@", "@\u200b").replace("`", "'")
 
 
 def fmt(value: float | None, digits: int = 4) -> str:
@@ -148,98 +139,107 @@ def _run_link(run: RunRecord, mlflow_url: str | None) -> str:
 
 
 def headline(report: Report) -> str:
-    v, h = report.verdict, report.hypothesis
-    emoji, word = VERDICT_BADGES[v.outcome]
-    arrow = "↓" if h.direction == "decrease" else "↑"
-    alpha = f"alpha {h.alpha:g}"
-    if h.alpha > ALPHA_LIMIT:
-        alpha += f" (**above the {ALPHA_LIMIT:g} limit**, override: {escape_text(h.alpha_override) or 'none given'})"
-    lines = [
-        f"## {emoji} {word}: `{escape_text(report.experiment)}` vs `{escape_text(report.baseline_name)}`",
-        "",
-    ]
-    if report.hypothesis_changes:
-        lines += [
-            "> [!CAUTION]",
-            f"> **Hypothesis changed after results:** {escape_text('; '.join(report.hypothesis_changes))}. "
-            "The verdict tests the hypothesis registered when training started.",
-            "",
-        ]
-    p0 = [(run, a) for run, a in report.alerts if a.level == "P0"]
-    if p0:
-        lines += ["> [!CAUTION]"] + [
-            f"> **{escape_text(a.level)} {escape_text(a.kind)}** in `{escape_text(run)}`"
-            f"{f' at step {a.step}' if a.step is not None else ''}: {escape_text(a.message)}" for run, a in p0[:5]
-        ] + [""]
-    lines += [
-        f"> **Hypothesis:** {escape_text(h.statement) or '(no statement)'}",
-        f"> `{h.metric}` {arrow} {h.direction} by at least {pct_exact(h.min_effect)} "
-        f"· {alpha} · {h.seeds} seed{'s' if h.seeds != 1 else ''} planned",
-        "",
-        f"**Verdict:** {escape_text(v.reason)}",
-        "",
-    ]
+    """The comment's first screen (`reports.headline`): verdict in words, effect and bound in one
+    sentence, hypothesis, reason, cost against the approved plan, what merging does, links."""
+    from reports.headline import top_markdown
+
+    return top_markdown(report)
+
+
+def _way_words(way: str | None) -> str:
+    return {"decrease": "lower is better", "increase": "higher is better"}.get(way or "", "+ = higher")
+
+
+def seed_section(report: Report) -> str | None:
+    """The test itself: one row per paired seed, the interval against the margin, the rule."""
+    from reports.evidence import better_way, improvement, interval_chart, num, pct
+
+    h, v = report.hypothesis, report.verdict
+    m = report.comparison.metrics.get(h.metric)
+    if m is None:
+        return None
+    imp = improvement(m, better_way(h.metric, report), report.comparison.confidence)
+    level = f"{100 * (1 - h.alpha):.3g} %"
+    rows = [f"| seed | baseline | candidate | improvement ({_way_words(imp.way)}) |", "|---:|---:|---:|---:|"]
+    pairs = [p for p in report.comparison.pairs
+             if h.metric in p.candidate.final_metrics and h.metric in p.baseline.final_metrics]
+    for pair, better in zip(pairs, imp.per_seed or [None] * len(pairs), strict=False):
+        rows.append(f"| {pair.seed if pair.seed is not None else '—'} | {num(pair.baseline.final_metrics[h.metric])} | "
+                    f"{num(pair.candidate.final_metrics[h.metric])} | {pct(better)} |")
+    effect = v.effect if v.effect is not None else imp.effect
+    bounds = (f" (one-sided {level} bounds {pct(v.effect_ci[0])} … {pct(v.effect_ci[1])})" if v.effect_ci else "")
+    rows.append(f"| **mean** (geometric) | {num(imp.baseline)} | {num(imp.candidate)} | **{pct(effect)}**{bounds} |")
+    text = "\n".join(rows)
+    chart = interval_chart(effect, v.effect_ci, h.min_effect, imp.per_seed, level=level)
+    if chart:
+        text += ("\n\nImprovement in percent: `●` the effect and `[━]` its bounds, `·` each seed, `▲` the "
+                 "required margin; supported only when the whole interval is right of `▲`.\n\n```text\n" + chart + "\n```")
     if v.rule:
-        lines += [f"**Rule:** {escape_text(v.rule)}: supported only if the one-sided {100 * (1 - h.alpha):.3g} % lower bound "
-                  "of the effect clears min_effect; refuted if the upper bound is below it.", ""]
-    if report.exploratory is not None and report.added_seeds:
-        e = report.exploratory
-        bounds = (f", one-sided bounds [{e.effect_ci[0]:+.2%}, {e.effect_ci[1]:+.2%}]" if e.effect_ci else "")
-        effect = f"{e.effect:+.2%}" if e.effect is not None else "—"
-        decided = (f"the headline was decided on seeds {', '.join(str(s) for s in report.decided_seeds)} only"
-                   if report.decided_seeds else "no seed here was registered for the headline")
-        lines += [
-            f"**Seeds added after registration** ({', '.join(str(s) for s in report.added_seeds)}): exploratory look "
-            f"over all {e.n_pairs} paired seeds, effect {effect}{bounds}. It decides nothing ({decided}): the "
-            "registered look spent all of alpha (see `reports/prereg.py`); a confirmatory answer is a new "
-            "registration on fresh seeds.",
-            "",
-        ]
-    if report.registration_note:
-        lines += [f"_{escape_text(report.registration_note)}_", ""]
-    return "\n".join(lines) + "\n"
+        text += (f"\n\n**Rule:** {escape_text(v.rule)}: supported only if the one-sided {level} lower bound of the "
+                 "improvement clears the margin; refuted if the upper bound is below it (docs/verdicts.md).")
+    return details(f"🔬 The test: `{escape_text(h.metric)}` per seed", text, open_=True)
 
 
-def metric_table(report: Report, metrics: Sequence[str]) -> str:
-    level = f"{100 * report.comparison.confidence:.3g} %"
-    rows = [f"| metric | baseline | candidate | Δ | Δ % (geometric mean over seeds) | {level} CI of Δ % | seeds |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
-    for key in metrics:
-        m = report.comparison.metrics.get(key)
-        if m is None:
-            continue
-        ci = m.ci_pct
-        name = f"**`{key}`**" if key == report.hypothesis.metric else f"`{key}` (exploratory)"
-        if key in report.definitions:
-            name += " ⚠️ defined differently (" + ", ".join(f"`{f}`" for f in report.definitions[key]) + ")"
-        rows.append(
-            f"| {name} | {fmt(m.baseline)} | {fmt(m.candidate)} | {fmt(m.delta)} | {fmt_pct(m.delta_pct)} | "
-            f"{f'[{fmt_pct(ci[0])}, {fmt_pct(ci[1])}]' if ci else 'needs ≥ 2 seeds'} | {m.n} |")
-    if any(k != report.hypothesis.metric for k in metrics if k in report.comparison.metrics):
-        rows.append("")
-        rows.append(f"_Intervals are {level} (their ends are the verdict's one-sided {100 * (1 - report.hypothesis.alpha):.3g} % "
-                    "bounds). Only the bold hypothesis metric is tested; the others are exploratory, not adjusted "
-                    "for multiplicity, and decide nothing._")
-    return "\n".join(rows) + "\n"
+def band_chart(report: Report, metric: str) -> str | None:
+    """A Mermaid xychart: each side's mean over seeds and its min-max band (blue candidate, orange
+    baseline, the band lighter; the text above the chart is the legend: xychart draws none)."""
+    def spread(runs: Sequence[RunRecord]) -> dict[int, list[float]]:
+        by_step: dict[int, list[float]] = {}
+        for run in runs:
+            for step, value in run.history.get(metric, []):
+                by_step.setdefault(step, []).append(value)
+        return by_step
 
+    cand, base = spread(report.candidates), spread(report.baselines)
+    steps = sorted(set(cand) & set(base)) if base else sorted(cand)
+    if len(steps) < 3:
+        return None
+    picked = [s for s, _ in downsample([(s, s) for s in steps])]
 
-def key_section(report: Report) -> str:
-    per_source = sorted(k for k in report.comparison.metrics if k.count("/") == 2 and k.startswith("eval/"))
-    keys = list(dict.fromkeys([report.hypothesis.metric, *KEY_METRICS, *per_source]))
-    text = metric_table(report, keys) if report.comparison.metrics else "_No metric could be compared._\n"
-    if any(k in report.comparison.metrics for k in ("eval/loss", "eval/bpb")):
-        text += ("\n_`eval/loss` and `eval/bpb` are pooled over every scored token of the data version's fixed "
-                 "held-out set (not weighted by either side's mixture), so a mixture change does not change "
-                 "their definition; `eval/<source>/…` are per source; bits per byte count the bytes of exactly "
-                 "the scored tokens._\n")
-    if report.warnings:
-        text += "\n" + "\n".join(f"> [!WARNING]\n> {escape_text(w)}\n" for w in report.warnings)
-    return text
+    def series(by_step: dict[int, list[float]], how: Callable[[list[float]], float]) -> str:
+        return ", ".join(mermaid_number(how(by_step[s])) for s in picked)
+
+    def seeds(runs: Sequence[RunRecord]) -> int:
+        return sum(1 for r in runs if r.history.get(metric))
+
+    lines = [f'    line "{mermaid_title(report.experiment)}" [{series(cand, fmean)}]']
+    colours = ["#1f77b4"]
+    if base:
+        lines.append(f'    line "{mermaid_title(report.baseline_name)}" [{series(base, fmean)}]')
+        colours.append("#ff7f0e")
+    for name, by_step, runs, light in ((report.experiment, cand, report.candidates, "#9ecae1"),
+                                       (report.baseline_name, base, report.baselines, "#fdbe85")):
+        if by_step and seeds(runs) > 1:  # a band needs two seeds
+            lines += [f'    line "{mermaid_title(name)} min" [{series(by_step, min)}]',
+                      f'    line "{mermaid_title(name)} max" [{series(by_step, max)}]']
+            colours += [light, light]
+    palette = ", ".join(colours)
+    return (
+        "```mermaid\n"
+        f'%%{{init: {{"themeVariables": {{"xyChart": {{"plotColorPalette": "{palette}"}}}}}}}}%%\n'
+        "xychart-beta\n"
+        f'    title "{mermaid_title(f"{metric}: mean and min-max over seeds")}"\n'
+        f'    x-axis "step" [{", ".join(str(s) for s in picked)}]\n'
+        f'    y-axis "{mermaid_title(metric)}"\n' + "\n".join(lines) + "\n```\n"
+    )
 
 
 def curves_section(report: Report) -> str | None:
     metrics = list(dict.fromkeys([report.hypothesis.metric, *CHART_METRICS]))
-    charts = [c for c in (mermaid_chart(report, m) for m in metrics if not m.startswith("perf/")) if c]
+    charts: list[str] = []
+    sparse: list[str] = []
+    for metric in metrics:
+        if metric.startswith("perf/"):
+            continue
+        chart = band_chart(report, metric)
+        if chart:
+            charts.append(chart)
+            continue
+        steps = sorted({s for r in (*report.candidates, *report.baselines) for s, _ in r.history.get(metric, [])})
+        if steps:
+            sparse.append(f"`{escape_text(metric)}` was logged at {len(steps)} step{'s' if len(steps) != 1 else ''} "
+                          f"({', '.join(str(s) for s in steps[:5])}{', …' if len(steps) > 5 else ''}): too few "
+                          "points for a curve; its final values are in the test above.")
     diverged = [r for r in report.candidates if r.status == "diverged"]
     if diverged:  # the diverged seed's own curve: averaging it with healthy seeds would hide it
         alone = replace(report, candidates=tuple(diverged[:1]))
@@ -247,13 +247,19 @@ def curves_section(report: Report) -> str | None:
         if chart:
             charts.insert(0, chart.replace(f'title "{mermaid_title("train/loss: ")}',
                                            f'title "{mermaid_title(f"train/loss, diverged seed {diverged[0].seed}: ")}', 1))
-    if not charts:
+    if not charts and not sparse:
         return None
-    note = (f"First line: candidate `{report.experiment}`; second line: baseline `{report.baseline_name}` "
-            f"(mean over seeds, at most {MAX_CHART_POINTS} points).")
+    n_c, n_b = len(report.candidates), len(report.baselines)
+    note = (f"**Blue**: candidate `{escape_text(report.experiment)}` ({n_c} seed{'s' if n_c != 1 else ''}); "
+            f"**orange**: baseline `{escape_text(report.baseline_name)}` ({n_b} seed{'s' if n_b != 1 else ''}). "
+            "Dark lines are the mean over seeds, the light pair around each is its lowest and highest seed "
+            f"(at most {MAX_CHART_POINTS} points).")
     if report.plots:
-        note += " PNG plots: " + ", ".join(f"`{p}`" for p in report.plots) + " (run artifacts)."
-    return details("📈 Curves", note + "\n\n" + "\n".join(charts), open_=True)
+        where = report.context.artifacts or "the report's files"
+        note += (" The same as images (mean and shaded min-max band): " + ", ".join(f"`{p}`" for p in report.plots)
+                 + f", in {where}.")
+    body = "\n".join([note, "", *charts, *sparse])
+    return details("📈 Curves: mean and seed spread", body, open_=True)
 
 
 def _task_cell(records: Sequence[RunRecord], key: str) -> str:
@@ -294,10 +300,77 @@ def task_section(report: Report) -> str | None:
     return details(f"Downstream tasks ({len(keys)})", "\n".join(rows) + "\n\n" + note, open_=True)
 
 
+def _improvement_rows(report: Report, metrics: Sequence[str], *, noise: bool) -> list[str]:
+    from reports.evidence import improvements, num, pct
+
+    level = f"one-sided {100 * (1 - report.hypothesis.alpha):.3g} % bounds"
+    rows = [f"| metric | better | baseline | candidate | improvement | {level} |"
+            + (" beyond seed noise |" if noise else ""),
+            "|---|---|---:|---:|---:|---:|" + ("---|" if noise else "")]
+    for imp in improvements(report, metrics):
+        name = f"`{escape_text(imp.metric)}`"
+        if imp.metric in report.definitions:
+            name += " ⚠️ defined differently (" + ", ".join(f"`{f}`" for f in report.definitions[imp.metric]) + ")"
+        perf = imp.metric.startswith("perf/")
+        if perf:
+            name += " (machine-dependent)"
+        interval = f"{pct(imp.interval[0])} … {pct(imp.interval[1])}" if imp.interval else "needs ≥ 2 seeds"
+        if perf:
+            interval = "— (not an effect)"
+        row = (f"| {name} | {_way_words(imp.way).replace(' is better', '')} | {num(imp.baseline)} | "
+               f"{num(imp.candidate)} | {pct(imp.effect)} | {interval} |")
+        if noise:
+            row += (" — |" if perf or not imp.interval else " yes |" if imp.beyond_noise else " no |")
+        rows.append(row)
+    return rows
+
+
+def metrics_section(report: Report) -> str | None:
+    """Exploratory metrics that moved beyond the seeds' own spread (interval excluding 0), in the
+    comment's convention; the rest are named. Decides nothing."""
+    from reports.evidence import improvements, outcome_metrics
+
+    keys, _ = outcome_metrics(report)
+    if not keys:
+        return None
+    imps = improvements(report, keys)
+    beyond = [i.metric for i in imps if i.beyond_noise]
+    within = [i.metric for i in imps if not i.beyond_noise]
+    one_seed = all(i.interval is None for i in imps)
+    if one_seed:
+        text = "\n".join(_improvement_rows(report, keys, noise=False))
+        text += "\n\n_One paired seed: no noise estimate, so none of these differences can be told from seed noise._"
+        return details(f"Other metrics ({len(keys)}, exploratory)", text)
+    if beyond:
+        text = "\n".join(_improvement_rows(report, beyond, noise=False))
+    else:
+        text = "_None of the other metrics moved beyond the spread the seeds show._"
+    if within:
+        text += ("\n\nWithin seed noise (interval includes 0): " + ", ".join(f"`{escape_text(k)}`" for k in within)
+                 + ". Every value is under All metrics.")
+    text += ("\n\n_Exploratory: only the hypothesis metric is tested; these are not adjusted for multiplicity and "
+             "decide nothing. Improvement is + when the metric moved its better way._")
+    return details(f"Other metrics that moved beyond seed noise ({len(beyond)} of {len(keys)}, exploratory)", text,
+                   open_=bool(beyond))
+
+
 def all_metrics_section(report: Report) -> str | None:
+    from reports.evidence import outcome_metrics
+
     if not report.comparison.metrics:
         return None
-    return details(f"All metrics ({len(report.comparison.metrics)})", metric_table(report, list(report.comparison.metrics)))
+    keys, left_out = outcome_metrics(report)
+    perf = [k for k, why in left_out.items() if k.startswith("perf/")]
+    shown = [report.hypothesis.metric, *keys, *perf]
+    text = "\n".join(_improvement_rows(report, shown, noise=True))
+    hidden = {k: why for k, why in left_out.items() if k not in perf}
+    if hidden:
+        text += "\n\nLeft out: " + "; ".join(f"`{escape_text(k)}` ({why})" for k, why in hidden.items()) + "."
+    if any(k in report.comparison.metrics for k in ("eval/loss", "eval/bpb")):
+        text += ("\n\n_`eval/loss` and `eval/bpb` are pooled over every scored token of the data version's fixed "
+                 "held-out set (not weighted by either side's mixture), so a mixture change does not change their "
+                 "definition; `eval/<source>/…` are per source._")
+    return details(f"All metrics ({len(shown)})", text)
 
 
 def params_section(report: Report) -> str:
@@ -311,20 +384,57 @@ def params_section(report: Report) -> str:
     return details(f"Parameters changed ({len(report.params_diff)})", "\n".join(rows))
 
 
-def _checks(result: tuple[bool | None, tuple[str, ...]]) -> str:
+def _checks(result: tuple[bool | None, tuple[str, ...]], counts: tuple[int | None, int | None] = (None, None)) -> str:
     passed, failed = result
+    met, total = counts
+    tally = f"{met}/{total} expectations met" if met is not None and total is not None else None
     if passed is None:
-        return "not recorded"
-    return "✅ passed" if passed else "❌ failed: " + ", ".join(escape_text(f) for f in failed)
+        return tally or "not recorded"
+    if passed:
+        return f"✅ {tally}" if tally else "✅ passed"
+    return f"❌ {tally or 'failed'}: " + ", ".join(escape_text(f) for f in failed)
+
+
+def checks_summary(report: Report) -> str:
+    """`27/27 expectations met`, or what failed: the Data section's title."""
+    d = report.data_diff
+    met, total = d.candidate_counts
+    if d.candidate_checks[0] is None:
+        return "checks not recorded"
+    if met is not None and total is not None:
+        return f"{met}/{total} expectations met"
+    return "checks passed" if d.candidate_checks[0] else "checks failed"
+
+
+def _check_rows(rows: Sequence[dict[str, object]]) -> list[str]:
+    def number(value: object, how: str) -> str:
+        if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
+            return "—"
+        return format(value, how)
+
+    out = ["| source | documents | tokens | duplicates | empty | weight asked / realised | drift vs baseline (JS) |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| `{escape_text(str(r.get('source', '?')))}` | {number(r.get('documents'), ',')} | "
+                   f"{number(r.get('tokens'), ',')} | {number(r.get('duplicate_rate'), '.1%')} | "
+                   f"{number(r.get('empty_rate'), '.1%')} | {number(r.get('requested_weight'), '.2f')} / "
+                   f"{number(r.get('realised_weight'), '.2f')} | {number(r.get('js_divergence'), '.3f')} |")
+    return out
 
 
 def data_section(report: Report) -> str:
     d = report.data_diff
+    against = f" (drift against `{escape_text(d.checks_against)}`)" if d.checks_against else ""
     lines = [
         f"Data version: baseline `{escape_text(d.baseline_version or 'unknown')}`, candidate "
         f"`{escape_text(d.candidate_version or 'unknown')}`{' (**changed**)' if d.version_changed else ' (same)'}.",
-        f"Data checks: baseline {_checks(d.baseline_checks)}; candidate {_checks(d.candidate_checks)}.",
+        f"Data checks: candidate {_checks(d.candidate_checks, d.candidate_counts)}{against}; "
+        f"baseline {_checks(d.baseline_checks, d.baseline_counts)}.",
         "",
+    ]
+    if d.check_rows:
+        lines += ["What the candidate's checks ran on:", "", *_check_rows(d.check_rows), ""]
+    lines += [
         "| source | baseline weight | candidate weight | baseline realised | candidate realised |",
         "|---|---:|---:|---:|---:|",
     ]
@@ -334,28 +444,30 @@ def data_section(report: Report) -> str:
         br, cr = d.realised.get(source, (None, None))
         mark = " **changed**" if has_baseline and bw != cw else ""
         lines.append(f"| `{escape_text(source)}`{mark} | {fmt(bw, 3)} | {fmt(cw, 3)} | {fmt(br, 3)} | {fmt(cr, 3)} |")
-    return details("Data", "\n".join(lines))
+    return details(f"Data ({escape_text(checks_summary(report))})", "\n".join(lines))
 
 
 def cost_section(report: Report) -> str:
+    from reports.headline import cost_line
+
     c, b = report.candidate_summary, report.baseline_summary
-    over = ""
-    if c.device_hours is not None and c.estimate_device_hours:
-        ratio = c.device_hours / c.estimate_device_hours
-        share = f"{ratio:.1f}x" if ratio >= 10 else f"{ratio:.0%} of"
-        over = f" ({share} the estimate{', **over the estimate**' if ratio > 1 else ''})"
     rows = [
-        f"Candidate used {fmt(c.device_hours)} device-hours over {c.runs} run(s), "
-        f"estimate {fmt(c.estimate_device_hours)}{over}. Baseline: {fmt(b.device_hours)} device-hours.",
+        cost_line(report),
         "",
         "| | baseline | candidate |",
         "|---|---:|---:|",
-        f"| tokens/s (median window, mean over seeds) | {fmt(b.tokens_per_s)} | {fmt(c.tokens_per_s)} |",
-        f"| MFU (median window, mean over seeds) | {fmt_pct(100 * b.mfu, False) if b.mfu is not None else '—'} | "
+        f"| device-hours used / planned at launch | {fmt(b.device_hours)} / {fmt(b.estimate_device_hours)} | "
+        f"{fmt(c.device_hours)} / {fmt(c.estimate_device_hours)} |",
+        f"| tokens/s (median window, mean over seeds; machine-dependent) | {fmt(b.tokens_per_s)} | {fmt(c.tokens_per_s)} |",
+        f"| MFU (median window, mean over seeds; machine-dependent) | "
+        f"{fmt_pct(100 * b.mfu, False) if b.mfu is not None else '—'} | "
         f"{fmt_pct(100 * c.mfu, False) if c.mfu is not None else '—'} |",
         f"| peak memory GB (max) | {fmt(b.peak_mem_gb)} | {fmt(c.peak_mem_gb)} |",
         f"| parameters: total / active per token | {_params(b.parameters, b.active_parameters)} | "
         f"{_params(c.parameters, c.active_parameters)} |",
+        "",
+        "_Throughput and MFU measure the machine as much as the change (other work on a shared runner moves "
+        "them by tens of per cent), so they are not effects of the change and get no interval._",
     ]
     return details("Cost and performance", "\n".join(rows))
 
@@ -370,13 +482,26 @@ def _params(total: int | None, active: int | None) -> str:
 
 
 def alerts_section(report: Report) -> str:
-    if not report.alerts:
-        return details("Alerts (0)", "_The candidate runs raised no alerts._")
-    rows = ["| run | level | kind | step | message |", "|---|---|---|---:|---|"]
-    rows += [f"| `{escape_text(run)}` | {escape_text(a.level)} | {escape_text(a.kind)} | {a.step if a.step is not None else '—'} | "
-             f"{escape_text(a.message)} |" for run, a in report.alerts]
-    worst = min((a.level for _, a in report.alerts), default="P2")
-    return details(f"⚠️ Alerts ({len(report.alerts)}, worst {escape_text(worst)})", "\n".join(rows))
+    """Alerts of both sides: an alert the baseline raised too (same kind, same seed) is not the change's doing."""
+    sides = [("candidate", run, a) for run, a in report.alerts] + [("baseline", run, a) for run, a in report.baseline_alerts]
+    if not sides:
+        return details("Alerts (0)", "_Neither side raised an alert._")
+    seed_of = {r.run_id: r.seed for r in (*report.candidates, *report.baselines)}
+    kinds = {side: {(seed_of.get(run), a.kind) for s, run, a in sides if s == side} for side in ("candidate", "baseline")}
+    rows = ["| side | seed | run | level | kind | step | message | on the other side too |",
+            "|---|---:|---|---|---|---:|---|---|"]
+    for side, run, a in sides:
+        other = "baseline" if side == "candidate" else "candidate"
+        both = "yes" if (seed_of.get(run), a.kind) in kinds[other] else "no"
+        seed = seed_of.get(run)
+        rows.append(f"| {side} | {seed if seed is not None else '—'} | `{escape_text(run)}` | {escape_text(a.level)} | "
+                    f"{escape_text(a.kind)} | {a.step if a.step is not None else '—'} | {escape_text(a.message)} | {both} |")
+    worst = min((a.level for _, _, a in sides), default="P2")
+    shared = sum(1 for side, run, a in sides if side == "candidate" and (seed_of.get(run), a.kind) in kinds["baseline"])
+    note = (f"\n\n_{shared} of the candidate's {len(report.alerts)} alert(s) also fired in the baseline on the same "
+            "seed: those come with the setup, not the change._" if report.alerts and report.baseline_alerts else "")
+    return details(f"⚠️ Alerts (candidate {len(report.alerts)}, baseline {len(report.baseline_alerts)}, worst "
+                   f"{escape_text(worst)})", "\n".join(rows) + note)
 
 
 def runs_section(report: Report, mlflow_url: str | None) -> str:
@@ -434,21 +559,24 @@ def is_truncated(markdown: str) -> bool:
 def render_markdown(report: Report, *, mlflow_url: str | None = None, max_chars: int = GITHUB_COMMENT_LIMIT) -> str:
     """The whole comment, under `max_chars`.
 
-    Headline, hypothesis, verdict and key table always come first. Sections follow in
+    The first screen (`reports.headline`: verdict, effect sentence, cost, merge, links) always
+    comes first; the evidence follows in `<details>` sections. Sections follow in
     order of importance; one too long for the space left keeps the first rows of its
     table, and one that cannot fit at all is left out. A note names what was shortened
     or left out (`build_report` then also writes the untruncated `report_full.md`).
     """
     assert max_chars >= 1000, "a comment limit below 1000 characters cannot hold a verdict"
-    head = headline(report) + key_section(report)
+    head = headline(report)
     sections = [
-        ("Downstream tasks", task_section(report)),
+        ("The test", seed_section(report)),
         ("Curves", curves_section(report)),
-        ("All metrics", all_metrics_section(report)),
-        ("Parameters changed", params_section(report)),
-        ("Data", data_section(report)),
-        ("Cost and performance", cost_section(report)),
+        ("Downstream tasks", task_section(report)),
+        ("Other metrics", metrics_section(report)),
         ("Alerts", alerts_section(report)),
+        ("Data", data_section(report)),
+        ("Parameters changed", params_section(report)),
+        ("Cost and performance", cost_section(report)),
+        ("All metrics", all_metrics_section(report)),
         ("Runs", runs_section(report, mlflow_url)),
     ]
     footer = "\n<sub>Generated by `pipeline report`. The full report is in the run's `report/` artifacts.</sub>\n"

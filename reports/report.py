@@ -39,6 +39,13 @@ class DataDiff:
     """source -> (baseline, candidate) realised share."""
     candidate_checks: tuple[bool | None, tuple[str, ...]]
     baseline_checks: tuple[bool | None, tuple[str, ...]]
+    candidate_counts: tuple[int | None, int | None] = (None, None)
+    """(expectations met, expectations evaluated) by the candidate's data-check stage."""
+    baseline_counts: tuple[int | None, int | None] = (None, None)
+    check_rows: tuple[dict[str, Any], ...] = ()
+    """The candidate's per-source profile the checks ran on (validation.data.checks rows)."""
+    checks_against: str | None = None
+    """The baseline the candidate's drift rules compared with."""
 
     @property
     def version_changed(self) -> bool:
@@ -59,6 +66,26 @@ class SideSummary:
     """Total parameters of the side's model (its first run that recorded them)."""
     active_parameters: int | None = None
     """Parameters per token (mixture of experts: the experts a token is routed to)."""
+
+
+@dataclass(frozen=True)
+class ReportContext:
+    """Where and when: what the top of the comment links to (filled by `build_report`)."""
+
+    commit: str | None = None
+    """The commit the candidate trained (the PR head the launch was bound to, else its git SHA)."""
+    dirty: bool = False
+    """The candidate trained with uncommitted changes."""
+    generated_at: str | None = None
+    """When the report was made, `2026-12-04 20:41 UTC`."""
+    workflow_url: str | None = None
+    """The GitHub Actions run that made it (None outside Actions)."""
+    compare_url: str | None = None
+    """MLflow's compare view of every run of the comparison."""
+    mlflow_hint: str | None = None
+    """How to open MLflow when it has no public URL (a local store)."""
+    artifacts: str | None = None
+    """Where report.md's files (PNG plots, result.json) are: a folder, or the workflow run's artifacts."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +118,10 @@ class Report:
     """metric -> the fields that make it mean something else on the two sides (not comparable)."""
     decided_seeds: tuple[int | None, ...] = ()
     """The seeds the headline was decided on (the confirmatory registration's own runs)."""
+    baseline_alerts: tuple[tuple[str, Alert], ...] = ()
+    """(run id, alert) for every alert the baseline runs raised: the same alert on both sides is
+    not caused by the change."""
+    context: ReportContext = field(default_factory=ReportContext)
 
     @property
     def hypothesis(self) -> HypothesisView:
@@ -283,6 +314,10 @@ def make_report(
         realised=_merge(base0.data.mixture_realised if base0 else {}, cand0.data.mixture_realised),
         candidate_checks=(cand0.data.checks_passed, cand0.data.checks_failed),
         baseline_checks=(base0.data.checks_passed, base0.data.checks_failed) if base0 else (None, ()),
+        candidate_counts=(cand0.data.checks_met, cand0.data.checks_total),
+        baseline_counts=(base0.data.checks_met, base0.data.checks_total) if base0 else (None, None),
+        check_rows=cand0.data.check_rows,
+        checks_against=cand0.data.checks_against,
     )
     return Report(
         experiment=name,
@@ -296,6 +331,8 @@ def make_report(
         candidate_summary=summarize(candidates, charge_for=name),
         baseline_summary=summarize(baselines),
         alerts=tuple((r.run_id, a) for r in candidates for a in r.alerts),
+        baseline_alerts=tuple((r.run_id, a) for r in baselines for a in r.alerts),
+        context=ReportContext(commit=_commit(candidates), dirty=any(r.tags.get("dirty") == "True" for r in candidates)),
         warnings=tuple(_warnings(candidates, baselines, comparison, name, definitions)),
         hypothesis_changes=changed,
         current_hypothesis=current if changed else None,
@@ -330,3 +367,12 @@ def definition_differences(candidate: dict[str, Any], baseline: dict[str, Any], 
 
 def _seeds(runs: Any) -> tuple[int | None, ...]:
     return tuple(sorted({r.seed for r in runs}, key=lambda s: (s is None, s or 0)))
+
+
+def _commit(runs: Sequence[RunRecord]) -> str | None:
+    """The commit the runs trained: the PR head the launch was bound to, else the checkout's SHA."""
+    for key in ("head_sha", "git_sha"):
+        found = next((r.tags[key] for r in runs if r.tags.get(key) and r.tags[key] != "None"), None)
+        if found:
+            return found
+    return None

@@ -158,6 +158,17 @@ def test_run_trains_baseline_then_candidate_and_reports(repo: Path, first_run: t
     assert "tiny-lr" in report and "tiny-base" in report
     comment = (candidate.report_dir / "comment.md").read_text()
     assert comment.startswith("<!-- gitops-train:experiment=tiny-lr -->")
+    # Issue 37: the plan's estimate is recorded at launch (identity.json, so an MLflow tag) and the
+    # comment's first screen prices the runs against it, says what merging does and links MLflow.
+    from reports.records import launch_estimate
+    from validation.loader import load_spec
+
+    planned = launch_estimate(load_spec(repo / "experiments" / "tiny-lr.yaml"))["estimate_device_hours"]
+    assert read_json(candidate.seed_dirs[0] / "identity.json")["estimate_device_hours"] == planned
+    top = comment.split("<details", 1)[0]
+    assert "❌" not in top and "the approved plan estimated (recorded at launch)" in top and "**If merged:**" in top
+    assert "[MLflow: compare the 2 runs](http://127.0.0.1:5000/#/compare-runs?" in top
+    assert (candidate.report_dir / "summary.txt").read_text().startswith(candidate.verdict.upper() + ": tiny-lr vs")
 
     # Both runs are in MLflow with their identity tags.
     from mlflow.tracking import MlflowClient
@@ -169,6 +180,7 @@ def test_run_trains_baseline_then_candidate_and_reports(repo: Path, first_run: t
         assert len(runs) == 1
         tags = runs[0].data.tags
         assert tags["pipeline.identity"] == read_json(result.seed_dirs[0] / "identity.json")["identity"]
+        assert float(tags["pipeline.estimate_device_hours"]) > 0  # what records_from_mlflow reads
         assert "eval/loss" in runs[0].data.metrics
 
 

@@ -105,4 +105,4 @@ def test_lr_times_333_through_the_flow_is_refuted_as_diverged_with_the_alert_on_
     result = json.loads((candidate.seed_dirs[0] / "result.json").read_text())
     assert result["status"] == "diverged" and f"at step {result['diverged_at_step']}" in candidate.verdict_reason
     md = (candidate.report_dir / "report.md").read_text()
-    assert md.index("divergence") < md.index("**Verdict:**")  # the alert above the verdict
+    assert md.index("divergence") < md.index("**Why:**")  # the alert above the verdict

@@ -1,7 +1,8 @@
 """Runs as the reports layer reads them: seed run directories on disk and `RunRecord`s in memory.
 
 `write_run` writes a seed run directory in the trainer's documented format (result.json,
-metrics.jsonl, alerts.jsonl, spec.resolved.json, identity.json), laid out as the
+metrics.jsonl, alerts.jsonl, spec.resolved.json, identity.json with the plan's estimate recorded
+at launch), laid out as the
 orchestrator lays them out: `<experiment run>/train/seed-<n>/`, for the experiment `SPEC`
 with another name, learning rate or mixture. `record` builds the `RunRecord` a report is
 made of without any files.
@@ -40,6 +41,14 @@ def _spec_for(name: str, lr: float, seed: int, code_weight: float = 0.6) -> dict
     return ExperimentSpec.model_validate(data).resolved_dict()
 
 
+def _launch_estimate() -> dict:
+    """What the orchestrator records in identity.json at launch: the plan's estimate of one run
+    (`reports.records.launch_estimate`, of the spec as a file gives it)."""
+    from reports.records import launch_estimate
+
+    return launch_estimate(ExperimentSpec.model_validate(SPEC))
+
+
 def write_run(root: Path, name: str, seed: int, *, final_loss: float, lr: float, code_weight: float = 0.6,
               env: dict | None = None, trainer: str = "trainer-aaaa", alerts: list[dict] | None = None,
               check_ok: bool | None = True, status: str = "finished") -> Path:
@@ -51,7 +60,7 @@ def write_run(root: Path, name: str, seed: int, *, final_loss: float, lr: float,
     (run_dir / "identity.json").write_text(json.dumps({
         "run_id": f"{name}-s{seed}", "experiment": name, "seed": seed, "code_version": "c0de", "dirty": False,
         "spec_hash": "abc", "data_version": f"data-{code_weight}", "identity": f"id-{name}-{seed}",
-        "trainer_version": trainer, "pr": 7, "launcher": "local"}))
+        "trainer_version": trainer, "pr": 7, "launcher": "local", **_launch_estimate()}))
     lines = []
     for step in range(10, 101, 10):
         loss = final_loss + 2.0 * math.exp(-step / 30)

@@ -70,7 +70,7 @@ def test_a_nan_eval_loss_is_divergence_with_a_p0_alert_and_the_diverged_outcome(
     built = build_report(cands, bases, out_dir=tmp_path / "out", env={})
     assert built.verdict.outcome == "refuted", built.verdict.reason
     assert "candidate diverged" in built.verdict.reason
-    assert built.markdown.index("P0 divergence") < built.markdown.index("**Verdict:**")
+    assert built.markdown.index("P0 divergence") < built.markdown.index("**Why:**")
 
 
 def test_a_nan_eval_loss_in_the_history_is_divergence_too(tmp_path):

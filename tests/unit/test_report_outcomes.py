@@ -90,7 +90,7 @@ def test_a_diverged_candidate_is_refuted_with_the_step_the_alert_on_top_and_the_
     assert built.verdict.outcome == "refuted"
     assert built.verdict.reason.startswith("Refuted: candidate diverged at step 40")
     md = built.markdown
-    assert md.index("P0 divergence") < md.index("**Verdict:**")  # the alert is at the top
+    assert md.index("P0 divergence") < md.index("**Why:**")  # the alert is at the top
     assert "```mermaid" in md and "train/loss, diverged seed 1235" in md  # its own curve, not a mean
     assert "Unpaired seeds" not in md  # its baseline seed is explained by "Not finished"
     assert json.loads((tmp_path / "out" / "result.json").read_text())["verdict"]["diverged_at_step"] == 40
@@ -106,8 +106,9 @@ def test_alpha_above_the_limit_is_shown_with_its_override_and_the_table_level_ma
         register_hypothesis(d, "higher-lr", h, list(SEEDS))
     md = build_report(cands, bases, hypothesis=h, out_dir=tmp_path / "out", env={}).markdown
     assert "alpha 0.2 (**above the 0.1 limit**, override: exploratory screen, confirmed later)" in md
-    assert "60 % CI of Δ %" in md and "95 % CI" not in md  # 1 - 2 alpha: the verdict's one-sided 80 % bounds
-    assert "(exploratory)" in md and "decide nothing" in md
+    # 1 - 2 alpha: every interval is the verdict's one-sided 80 % bounds, named so
+    assert "one-sided 80 % bounds" in md and "at 80 % confidence" in md and "95 %" not in md
+    assert "exploratory" in md and "decide nothing" in md
     assert "**Rule:** one-sided paired t-test on per-seed log ratios, n = 3, alpha = 0.2, margin 2 %" in md
 
 

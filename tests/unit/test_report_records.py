@@ -12,8 +12,10 @@ import json
 import pytest
 
 from reports import build_report, record_from_run_dir
-from tests.infra.report_runs import write_run
+from reports.records import launch_estimate
+from tests.infra.report_runs import SPEC, write_run
 from validation.errors import UsageError
+from validation.spec import ExperimentSpec
 
 
 def test_record_from_run_dir_reads_every_file(tmp_path):
@@ -29,7 +31,7 @@ def test_record_from_run_dir_reads_every_file(tmp_path):
     assert r.data.mixture_realised == {"code": pytest.approx(0.61)} and r.data.checks_passed is True
     assert r.alerts[0].kind == "grad_norm_spike" and r.alerts[0].step == 30
     assert r.cost.device_hours == pytest.approx(0.01)  # 36 s x 1 process
-    assert r.cost.estimate_device_hours is not None and r.cost.estimate_device_hours > 0  # from preflight
+    assert r.cost.estimate_device_hours == pytest.approx(launch_estimate(ExperimentSpec.model_validate(SPEC))["estimate_device_hours"])  # recorded at launch
     assert r.perf.tokens_per_s == 5000.0 + 1234
     assert r.hypothesis["metric"] == "eval/loss"
 
@@ -69,7 +71,7 @@ def test_build_report_writes_markdown_json_and_pngs(tmp_path):
     assert md == built.markdown and summary.read_text().strip() == md.strip()
     assert "`train.lr`" in md and "`data.sources.code.weight`" in md and "`model.hidden_size`" not in md  # only what changed
     assert "Stale baseline" in md and "Different environments" in md
-    assert "Data checks: baseline ❌ failed: max_js_divergence (docs); candidate ✅ passed" in md
+    assert "Data checks: candidate ✅ 2/2 expectations met; baseline ❌ 1/2 expectations met: max_js_divergence (docs)" in md
     result = json.loads((tmp_path / "out" / "result.json").read_text())
     assert result["verdict"]["outcome"] == "supported" and result["truncated"] is False
     assert [p["seed"] for p in result["pairs"]] == list(seeds)
