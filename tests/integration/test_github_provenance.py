@@ -244,14 +244,19 @@ def test_a_forged_record_of_another_pr_never_promotes(gh: GitHubEmulator, server
         with pytest.raises(Exception):  # noqa: B017 - no champion at all
             MlflowClient(uri).get_model_version_by_alias(MODEL, CHAMPION)
 
-    # B retrains (workflow run 503) and its report says supported: B's run becomes champion, not A's.
+    # B retrains (workflow run 503) and its report says supported. Attested without a launch
+    # plan, that verdict is the report's own (issue 36: promotion counts only the attest job's);
+    # a maintainer's override then promotes B's run, not A's.
     gh.add_workflow_run(REPO, 503, path=TRAIN_WORKFLOW, event="issue_comment")
     retrained = training(uri, tmp_path, experiment="rope-theta", sha=SHA_A, workflow_run=503, pr=b)
     with as_user(ATTESTOR):
         attest(tracking_uri=uri, pr=b, sha=SHA_A, experiment="rope-theta", workflow_run_id=503,
                result=result(retrained, verdict="supported"), provenance_id=store)
     (outcome,) = promote(gh, uri, store, b)
-    assert outcome.promotion is not None, outcome.gate.reasons
+    assert outcome.promotion is None and "pull request's own code" in outcome.gate.reasons[0]
+    gh.add_label(REPO, b, "promote-override", actor="mia")
+    (outcome,) = promote(gh, uri, store, b)
+    assert outcome.promotion is not None and outcome.gate.override_by == "mia", outcome.gate.reasons
     with as_user(ATTESTOR):
         client = MlflowClient(uri)
         champion = client.get_model_version_by_alias(MODEL, CHAMPION)
