@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reports.records import flatten
 from reports.markup import escape_text
+from reports.records import flatten
 
 OUTCOME = "identical"
 

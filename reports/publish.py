@@ -226,6 +226,7 @@ def build_report(
     max_chars: int = GITHUB_COMMENT_LIMIT,
     env: dict[str, str] | None = None,
     claim: str | None = None,
+    pngs: bool = True,
 ) -> BuiltReport:
     """Reads the runs, writes `out_dir/{report.md, *.png, result.json}` and returns them.
 
@@ -258,7 +259,7 @@ def build_report(
                          claim=claim)
     from reports.plots import log_to_mlflow, save_plots
 
-    plots = save_plots(report, out)
+    plots = save_plots(report, out) if pngs else []  # pngs=False: no PNG (and no matplotlib import)
     env = env if env is not None else dict(os.environ)
     from datetime import UTC, datetime
 
