@@ -124,7 +124,8 @@ class ExperimentFlow:
     def run(self, spec_path: Path) -> tuple[ExperimentResult, ExperimentResult | None]:
         """The whole flow for `spec_path`; returns (candidate, baseline)."""
         resolved = resolve(spec_path, self.repo)
-        if resolved.spec.sweep is None:
+        # A sweep's winner trains on the plan's seeds too (the trusted plan decides a sweep's claim).
+        if resolved.spec.sweep is None or self._planned(resolved.spec.name) is not None:
             resolved = self._confirmatory_seeds(spec_path, resolved)
         spec = resolved.spec
         baseline: ExperimentResult | None = None
@@ -176,8 +177,9 @@ class ExperimentFlow:
         root = runs_root(self.repo)
         entry = prereg.claim_entry(claim, spec.name, spec.hypothesis, resolved.seeds, pilot=spec.hypothesis.pilot)
         planned = self._planned(spec.name)
-        if planned is not None and planned.registration is not None and planned.claim == claim:
-            entry = dict(planned.registration)  # the trusted registry's, in force for every runner
+        if planned is not None and planned.registration is not None:
+            # The trusted registry's, in force for every runner (a sweep winner's claim is the sweep's).
+            claim, entry = planned.claim, dict(planned.registration)
         if not spec.hypothesis.pilot:
             entry = prereg.register_confirmatory(root, entry)
         prereg.record_registration(run_dir, entry, results_existed=results_existed)

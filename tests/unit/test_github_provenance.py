@@ -14,5 +14,5 @@ def test_check_training_run_lists_every_problem() -> None:
     problems = check_training_run(run_id="r", experiment_name="x", tags=tags, experiment="y", sha=SHA_A,
                                   workflow_run_id=2)
     assert len(problems) == 4
-    assert check_training_run(run_id="r", experiment_name="y", tags={"pipeline.git_sha": SHA_A,
+    assert check_training_run(run_id="r", experiment_name="y/job-2-1", tags={"pipeline.git_sha": SHA_A,
                               "pipeline.github_run_id": "2"}, experiment="y", sha=SHA_A, workflow_run_id=2) == []

@@ -54,7 +54,7 @@ class FakeMlflow:
                                data=SimpleNamespace(tags=tags))
 
     def get_experiment(self, exp_id: str) -> Any:
-        return SimpleNamespace(name=EXP, experiment_id=exp_id)
+        return SimpleNamespace(name=f"{EXP}/job-501-1", experiment_id=exp_id)  # the launch's job experiment
 
     def get_experiment_by_name(self, name: str) -> Any:
         return SimpleNamespace(name=name, experiment_id="9")
