@@ -17,7 +17,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup setup-github setup-train demo test test-fast test-budget lint bench clean
+.PHONY: setup setup-github setup-train demo test test-fast test-budget lint bench gpu-check-prepare gpu-check clean
 
 setup: $(STAMP)
 
@@ -75,6 +75,19 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/run_all.py
+
+# GPU acceptance (bench/README.md): `make gpu-check-prepare` here writes the folder to carry
+# (data, specs, dry runs, wheels); `make gpu-check` on the GPU machine runs every part with that
+# machine's own python3 (no venv, no registry) in at most 8 minutes, then writes the JSON, the
+# RESULTS.md section and the logs to GPU_CHECK_OUT.
+GPU_CHECK_CARRY ?= data/gpu-check
+GPU_CHECK_OUT ?= $(GPU_CHECK_CARRY)/out
+GPU_PY ?= python3
+gpu-check-prepare: setup
+	$(BIN)/python bench/gpu_check.py prepare --carry $(GPU_CHECK_CARRY)
+
+gpu-check:
+	PYTHONUNBUFFERED=1 $(GPU_PY) bench/gpu_check.py run --carry $(GPU_CHECK_CARRY) --out $(GPU_CHECK_OUT) --append
 
 clean:
 	rm -rf runs data/cache mlflow.db mlruns

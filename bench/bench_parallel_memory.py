@@ -105,16 +105,26 @@ def reset_peak() -> bool:
 
 
 def init_rope_buffers(model: Any) -> None:
-    """`to_empty` leaves non-persistent buffers uninitialised: recompute the rotary frequencies."""
+    """`to_empty` leaves non-persistent buffers uninitialised: recompute the rotary frequencies
+    with the function each rotary module was built with (its `rope_type`'s, as transformers picks
+    it). Until issue 41 the body sat under the `continue` and never ran; no measured figure was
+    wrong for it, because transformers 5.x's `_init_weights`, which the benches apply first,
+    recomputes the rotary buffers itself (bench/RESULTS.md, "init_rope_buffers"). This keeps the
+    benches right without that (transformers 4.x, or no `_init_weights`):
+    tests/integration/test_gpu_check_rehearsal.py holds it."""
     import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     for module in model.modules():
-        fn = getattr(module, "compute_default_rope_parameters", None)
-        if fn is None or not hasattr(module, "inv_freq"):
+        default = getattr(module, "compute_default_rope_parameters", None)
+        if default is None or not hasattr(module, "inv_freq"):
             continue
-            inv_freq, module.attention_scaling = fn(module.config)
-            with torch.no_grad():
-                module.inv_freq.copy_(inv_freq)
+        rope_type = getattr(module, "rope_type", "default")
+        fn = default if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
+        inv_freq, module.attention_scaling = fn(module.config)
+        with torch.no_grad():
+            module.inv_freq.copy_(inv_freq)
+            if hasattr(module, "original_inv_freq"):
                 module.original_inv_freq.copy_(inv_freq)
 
 

@@ -1,220 +1,405 @@
-"""GPU throughput and MFU: this trainer vs a bare PyTorch loop vs Hugging Face `Trainer`, bf16.
+"""Throughput and MFU on one device, five systems on the same packed rows: the part `throughput` of
+`bench/gpu_check.py` (`make gpu-check`), which prepares the data and the specs and runs it in its own
+process. (This file and the former gpu_fsdp_bench.py were the two GPU benches; both are folded here.)
 
-    python bench/gpu_bench.py [--size 125m|350m] [--seq 1024] [--micro 16] [--steps 30] [--repeats 3]
-                              [--compile] [--peak-tflops 989] [--no-append]
+Systems, interleaved per repeat (`measure`):
+  bare          a plain PyTorch loop: the architecture's model built on the device, the trainer's
+                optimizer factory (fused AdamW), autocast in the spec's precision, clip 1.0;
+  fsdp2         the same loop with FSDP2 written by hand: `fully_shard` on every decoder layer, the
+                embedding and the LM head, then the root, over a one-rank process group (NCCL on a
+                GPU, gloo on a CPU); bf16 `MixedPrecisionPolicy`, parameters created on the meta
+                device and materialised by `to_empty` (rotary buffers recomputed: `init_rope_buffers`);
+  trainer       this project's `trainer.loop.Trainer` in one process, as `python -m trainer` runs it;
+  trainer_fsdp  the same trainer with `parallel: {dp: 1, fsdp: true}` over a one-rank process group,
+                its FSDP2 path forced on (the trainer leaves a world of one unsharded:
+                `trainer.parallel.Topology.sharded` needs world > 1), so that its NCCL, mixed-precision
+                and resharding code runs on the device;
+  hf            Hugging Face `Trainer` on the same rows in the same order (sequential sampler).
 
-For a machine with one CUDA GPU (not run on the 2-core CPU box). Model: Llama ~125M
-(768 wide, 12 layers, 12 heads) or ~350M (1024 wide, 24 layers, 16 heads), vocab 32000,
-sdpa attention, bf16 autocast, AdamW, clip 1.0. Data: the demo corpus from the standard
-library, prepared with an 8192-token BPE, packed rows from `MixtureBatcher` (the same rows
-for all three systems). Tokens/s are windowed (first 3 steps are warm-up), medians over
-interleaved repeats. MFU = tokens/s x (6N + 12 L h T) / peak (dense bf16 peak of the GPU,
-from --peak-tflops or a table by device name).
-Appends a section "trainer (GPU)" to bench/RESULTS.md.
+Timing: every system synchronises the device only where the trainer does (every `log_interval`
+steps and at the last), and tokens/s is the window from the end of step `log_interval` (the
+warm-up) to the end of the last step, between two synchronised stamps. MFU = tokens/s x the
+architecture's FLOPs per token (6N + attention) / the device's dense peak. The trainer's own
+end-of-run work (final checkpoint, evaluation, export) is skipped: it is outside the window and
+costs minutes at 1.3B (gpu_check's other parts cover it).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
+import gc
 import shutil
+import socket
 import statistics
-import sys
-import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench_trainer import TimedSink, _StepClock, reset_accelerate, windowed
-from scaffold import (
-    append_results_md,
-    as_tensors,
-    demo_sources,
-    examples,
-    experiment,
-    machine,
-    packed_rows,
-    prepare_demo,
-    stack_examples,
-)
-
-from validation.environment import apply_offline_env
-
-apply_offline_env()
-
-WARMUP = 3
-SIZES = {"125m": (768, 12, 12, 2048), "350m": (1024, 24, 16, 2816)}
+SYSTEMS = ("bare", "fsdp2", "trainer", "trainer_fsdp", "hf")
+COLUMNS = ("input_ids", "labels", "position_ids")
 
 
-def spec_for(size: str, seq: int, micro: int, steps: int, compile_model: bool) -> Any:
-    from validation.spec import ExperimentSpec
-
-    hidden, layers, heads, ffn = SIZES[size]
-    return ExperimentSpec.model_validate(experiment(
-        "gpu-bench", "The trainer reaches the MFU of a bare loop on a single GPU in bf16.", "perf/mfu",
-        model={"model_type": "llama", "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
-               "intermediate_size": ffn, "vocab_size": 32000, "max_position_embeddings": seq,
-               "attn_implementation": "sdpa"},
-        data={"sources": demo_sources(), "seq_len": seq, "tokenizer": {"vocab_size": 8192}},
-        train={"max_steps": steps, "micro_batch_size": micro, "precision": "bf16", "warmup_steps": 2,
-               "log_interval": 10, "eval_interval": 10**6, "checkpoint_interval": 10**6, "compile": compile_model,
-               "deterministic": False},
-        resource={"gpus_per_node": 1, "gpu_type": "h100"},
-    ))
+# ----------------------------------------------------------------------------- helpers
 
 
-def rows(prepared: Any, spec: Any) -> list[dict[str, Any]]:
-    return packed_rows(prepared, spec.data, spec.train.micro_batch_size, spec.train.max_steps)
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
-def run_bare(prepared: Any, spec: Any) -> float:
+def window_rate(done_at: list[float], tokens_per_step: float, warmup: int) -> float:
+    """Tokens/s from the end of step `warmup` (1-based) to the end of the last step; nan when
+    there is no step after the warm-up."""
+    if len(done_at) <= warmup:
+        return float("nan")
+    return (len(done_at) - warmup) * tokens_per_step / (done_at[-1] - done_at[warmup - 1])
+
+
+def synchronize(device: Any) -> None:
     import torch
 
-    from trainer.model import build_model
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def release(device: Any) -> None:
+    """Drop what the last system left: accelerate's singletons, garbage, the allocator's cache."""
+    import torch
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_allocated_gb(device: Any) -> float | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 1e9 if torch.device(device).type == "cuda" else None
+
+
+def as_tensors(rows: list[dict[str, Any]], device: Any) -> list[dict[str, Any]]:
+    import torch
+
+    return [{k: torch.from_numpy(b[k]).to(device) for k in COLUMNS} for b in rows]
+
+
+def autocast(device: Any, precision: str) -> Any:
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return torch.autocast(torch.device(device).type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+
+def init_rope_buffers(model: Any) -> None:
+    """`to_empty` leaves non-persistent buffers uninitialised: recompute the rotary frequencies
+    (bench_parallel_memory.py's function; one definition)."""
+    from bench_parallel_memory import init_rope_buffers as init
+
+    init(model)
+
+
+@contextlib.contextmanager
+def one_rank_group(device: Any) -> Iterator[None]:
+    """A process group of one rank (NCCL on a GPU, gloo on a CPU) for the hand-written FSDP2 loop."""
+    import torch
+    import torch.distributed as dist
+
+    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def trainer_one_rank_fsdp(device: Any) -> Iterator[None]:
+    """The trainer's FSDP2 path on a world of one: the environment `accelerate launch` gives one
+    rank (accelerate then starts the process group: NCCL, or gloo with ACCELERATE_USE_CPU), and
+    `Topology.sharded` true for a world of one (the trainer's own rule keeps it unsharded)."""
+    import torch
+    import torch.distributed as dist
+
+    from trainer.parallel import Topology
+    from validation.environment import scoped_environ
+
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "ACCELERATE_USE_CPU": "true" if torch.device(device).type == "cpu" else None}
+    original = Topology.sharded
+    Topology.sharded = property(lambda self: self.fsdp or self.tp > 1 or self.pp > 1)  # type: ignore[method-assign,assignment]
+    try:
+        with scoped_environ(**env):
+            yield
+    finally:
+        Topology.sharded = original  # type: ignore[method-assign]
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- the systems
+
+
+def run_bare(spec: Any, rows: list[dict[str, Any]], device: Any, fsdp: bool = False) -> dict[str, Any]:
+    """The plain loop (or its hand-written FSDP2 form): see the module doc."""
+    import torch
+
     from trainer.optim import build_optimizer
 
-    torch.manual_seed(0)
-    model = build_model(spec.model).cuda()
-    if spec.train.compile:
-        model = torch.compile(model)
+    t0 = time.perf_counter()
+    torch.manual_seed(spec.train.seed)
+    log_every = spec.train.log_interval
+    if fsdp:
+        model = _fsdp2_model(spec, device)
+    else:
+        with torch.device(device):
+            model = spec.model.build()
+    model.train()
     opt = build_optimizer(model, spec.train, spec.model)
-    batches = as_tensors(rows(prepared, spec), "cuda")
-    done_at = []
-    for batch in batches:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+    batches = as_tensors(rows, device)
+    synchronize(device)
+    init_s = time.perf_counter() - t0
+    losses, done_at = [], []
+    for i, batch in enumerate(batches):
+        with autocast(device, "fp32" if fsdp else spec.train.precision):  # FSDP2: its policy casts
             loss = model(**batch, use_cache=False).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.train.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
+        losses.append(loss.detach())
+        if (i + 1) % log_every == 0 or i + 1 == len(batches):
+            synchronize(device)  # where the trainer reads its window of losses
         done_at.append(time.perf_counter())
-    del model, opt
-    torch.cuda.empty_cache()
-    return windowed(done_at, spec.data.seq_len * spec.train.micro_batch_size, WARMUP)
+    values = torch.stack(losses).float().tolist()
+    peak = peak_allocated_gb(device)
+    del model, opt, batches
+    tokens = spec.data.seq_len * spec.train.micro_batch_size
+    return {"tokens_per_s": window_rate(done_at, tokens, log_every), "init_s": init_s,
+            "loss_first": values[0], "loss_last": values[-1], "peak_allocated_gb": peak}
 
 
-def run_trainer(prepared: Any, spec: Any, work: Path) -> tuple[float, float]:
+def _fsdp2_model(spec: Any, device: Any) -> Any:
     import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    with torch.device("meta"):
+        model = spec.model.build()
+    mesh = init_device_mesh(torch.device(device).type, (1,), mesh_dim_names=("dp",))
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if spec.train.precision == "bf16" else MixedPrecisionPolicy())
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    if spec.model.tie_word_embeddings:  # one parameter: one group (FSDP2 refuses it in two)
+        fully_shard([model.model.embed_tokens, model.lm_head], mesh=mesh, mp_policy=mp)
+    else:
+        fully_shard(model.model.embed_tokens, mesh=mesh, mp_policy=mp)
+        fully_shard(model.lm_head, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.apply(model._init_weights)
+    init_rope_buffers(model)
+    return model
+
+
+def run_trainer(spec: Any, prepared: Any, work: Path, device: Any) -> dict[str, Any]:
+    """This project's trainer, its loop as it runs; the end-of-run work skipped (module doc)."""
+    trainer, init_s = _build_trainer(spec, prepared, work)
+    try:
+        skip_end_of_run(trainer)
+        trainer.run()
+        done = trainer.step_done_at
+        losses = [loss for _, loss in trainer.step_losses]
+        tokens = spec.data.seq_len * spec.train.micro_batch_size
+        return {"tokens_per_s": window_rate(done, tokens, spec.train.log_interval), "init_s": init_s,
+                "loss_first": losses[0], "loss_last": losses[-1], "peak_allocated_gb": peak_allocated_gb(device),
+                "sharded": trainer.topo.sharded, "world": trainer.world,
+                "distributed_type": str(trainer.accelerator.distributed_type)}
+    finally:
+        shutil.rmtree(trainer.run_dir, ignore_errors=True)
+        del trainer
+
+
+def _build_trainer(spec: Any, prepared: Any, work: Path) -> tuple[Any, float]:
     from trainer.loop import Trainer
 
-    reset_accelerate()
+    t0 = time.perf_counter()
     run_dir = work / f"trainer-{time.monotonic_ns()}"
-    trainer = Trainer(spec, run_dir, prepared.path, tracking_uri=f"sqlite:///{work / 'mlflow.db'}", prepared=prepared)
-    sink = TimedSink(trainer.sink)
-    trainer.sink = trainer.alerts.sink = sink
-    trainer.run()
-    done = trainer.step_done_at
-    tps = windowed(done, spec.data.seq_len * spec.train.micro_batch_size, WARMUP)
-    share = sink.seconds / (done[-1] - done[0])
-    del trainer
-    shutil.rmtree(run_dir, ignore_errors=True)
-    torch.cuda.empty_cache()
-    return tps, share
+    trainer = Trainer(spec, run_dir, prepared.path, tracking_uri="none", prepared=prepared, console_level="WARNING")
+    return trainer, time.perf_counter() - t0
 
 
-def run_hf(prepared: Any, spec: Any, work: Path) -> float:
+def skip_end_of_run(trainer: Any, at_end: Callable[[Any], dict[str, Any]] | None = None) -> None:
+    """Replace the trainer's end of run (final checkpoint, evaluation, export, result.json) by
+    `at_end(trainer)` (or nothing): the loop's steps are what is measured."""
+
+    def finish(outcome: Any, last: dict[str, float]) -> tuple[dict[str, Any], int]:
+        extra = at_end(trainer) if at_end is not None else {}
+        return {"status": outcome.status, **extra}, 0
+
+    trainer._finish = finish
+
+
+def run_hf(spec: Any, rows: list[dict[str, Any]], device: Any, work: Path) -> dict[str, Any]:
+    """Hugging Face `Trainer` on the same rows, in order, the model built on the device."""
     import torch
     from transformers import Trainer as HFTrainer
-    from transformers import TrainingArguments
+    from transformers import TrainerCallback, TrainingArguments
 
-    from trainer.model import build_model
+    t0 = time.perf_counter()
+    torch.manual_seed(spec.train.seed)
+    with torch.device(device):
+        model = spec.model.build()
+    data = [{k: torch.from_numpy(b[k][i]) for k in COLUMNS} for b in rows for i in range(len(b[COLUMNS[0]]))]
+    log_every, steps = spec.train.log_interval, len(rows)
+    done_at: list[float] = []
+    losses: list[float] = []
 
-    reset_accelerate()
-    torch.manual_seed(0)
-    model = build_model(spec.model)
-    data = examples(rows(prepared, spec))
-    clock = _StepClock()
+    class Clock(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step % log_every == 0 or state.global_step == steps:
+                synchronize(device)
+            done_at.append(time.perf_counter())
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+
+    on_cpu = torch.device(device).type == "cpu"
     args = TrainingArguments(
-        output_dir=str(work / "hf"), per_device_train_batch_size=spec.train.micro_batch_size,
-        max_steps=spec.train.max_steps, learning_rate=spec.train.lr, warmup_steps=2, weight_decay=0.1,
-        adam_beta2=0.95, max_grad_norm=1.0, logging_steps=10, save_strategy="no", report_to=[], bf16=True,
-        dataloader_num_workers=2, disable_tqdm=True, remove_unused_columns=False, torch_compile=spec.train.compile,
+        output_dir=str(work / "hf"), per_device_train_batch_size=spec.train.micro_batch_size, max_steps=steps,
+        learning_rate=spec.train.lr, warmup_steps=spec.train.warmup_steps, weight_decay=spec.train.weight_decay,
+        adam_beta2=0.95, max_grad_norm=spec.train.grad_clip, logging_steps=log_every, save_strategy="no",
+        report_to=[], bf16=spec.train.precision == "bf16", use_cpu=on_cpu, dataloader_num_workers=0,
+        disable_tqdm=True, remove_unused_columns=False, optim="adamw_torch_fused", seed=spec.train.seed,
     )
 
-    class SyncClock(type(clock.callback())):  # type: ignore[misc]
-        def on_step_end(self, *a: Any, **k: Any) -> None:
-            torch.cuda.synchronize()
-            super().on_step_end(*a, **k)
+    def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+        return {k: torch.stack([it[k] for it in items]) for k in items[0]}
 
-    hf = HFTrainer(model=model, args=args, train_dataset=data, data_collator=stack_examples, callbacks=[SyncClock()])
+    hf = HFTrainer(model=model, args=args, train_dataset=data, data_collator=collate, callbacks=[Clock()])
+    hf._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(data)  # type: ignore[method-assign]
+    init_s = time.perf_counter() - t0
     hf.train()
+    peak = peak_allocated_gb(device)
     del hf, model
-    torch.cuda.empty_cache()
-    return windowed(clock.done_at, spec.data.seq_len * spec.train.micro_batch_size, WARMUP)
+    shutil.rmtree(work / "hf", ignore_errors=True)
+    tokens = spec.data.seq_len * spec.train.micro_batch_size
+    return {"tokens_per_s": window_rate(done_at, tokens, log_every), "init_s": init_s,
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+            "peak_allocated_gb": peak}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", default="125m", choices=sorted(SIZES))
-    parser.add_argument("--seq", type=int, default=1024)
-    parser.add_argument("--micro", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--compile", action="store_true")
-    parser.add_argument("--peak-tflops", type=float, default=None)
-    parser.add_argument("--no-append", action="store_true")
-    args = parser.parse_args(argv)
-
+def run_system(name: str, spec: Any, prepared: Any, rows: list[dict[str, Any]], device: Any,
+               work: Path) -> dict[str, Any]:
+    """One run of system `name` (SYSTEMS); everything it held released afterwards."""
     import torch
 
-    if not torch.cuda.is_available():
-        print("gpu_bench: no CUDA device; nothing to measure", file=sys.stderr)
-        return {}
-    from trainer.model import flops_per_token
-    from validation.flops import peak_tflops_for_device_name
-
-    spec = spec_for(args.size, args.seq, args.micro, args.steps, args.compile)
-    prepared = prepare_demo(spec.data)
-    name = torch.cuda.get_device_name(0)
-    peak = args.peak_tflops or peak_tflops_for_device_name(name)
-    if peak is None:
-        sys.exit(f"unknown device {name!r}: pass --peak-tflops (validation/flops.py has the table)")
-    n_params = spec.model.parameter_count()
-    fpt = flops_per_token(spec.model, args.seq)
-    work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
-    got: dict[str, list[float]] = {"bare": [], "trainer": [], "hf": [], "mlflow_share": []}
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
     try:
-        for rep in range(args.repeats):
-            got["bare"].append(run_bare(prepared, spec))
-            tps, share = run_trainer(prepared, spec, work)
-            got["trainer"].append(tps)
-            got["mlflow_share"].append(share)
-            got["hf"].append(run_hf(prepared, spec, work))
-            print(f"[{rep + 1}/{args.repeats}] bare {got['bare'][-1]:.0f} trainer {tps:.0f} hf {got['hf'][-1]:.0f} tok/s",
-                  flush=True)
+        if name == "bare":
+            out = run_bare(spec, rows, device)
+        elif name == "fsdp2":
+            with one_rank_group(device):
+                out = run_bare(spec, rows, device, fsdp=True)
+        elif name == "trainer":
+            out = run_trainer(spec, prepared, work, device)
+        elif name == "trainer_fsdp":
+            fsdp_spec = _with_parallel(spec, {"dp": 1, "fsdp": True})
+            with trainer_one_rank_fsdp(device):
+                out = run_trainer(fsdp_spec, prepared, work, device)
+        elif name == "hf":
+            out = run_hf(spec, rows, device, work)
+        else:
+            raise ValueError(f"unknown system {name!r} (known: {', '.join(SYSTEMS)})")
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in got.items()}
-    figures = {
-        "machine": machine() | {"gpu": name, "peak_tflops": peak}, "size": args.size, "params": n_params,
-        "seq": args.seq, "micro": args.micro, "compile": args.compile, "steps": args.steps, "repeats": args.repeats,
-        **{f"{k}_tokens_per_s": med[k] for k in ("bare", "trainer", "hf")},
-        **{f"{k}_mfu": med[k] * fpt / (peak * 1e12) for k in ("bare", "trainer", "hf")},
-        "trainer_vs_bare": med["trainer"] / med["bare"], "trainer_vs_hf": med["trainer"] / med["hf"],
-        "mlflow_share_of_loop": med["mlflow_share"],
-        "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9,
-    }
-    print(json.dumps(figures, indent=2))
-    if not args.no_append:
-        m = figures["machine"]
-        lines = ["", f"## trainer (GPU) ({m['date']})", "",
-                 f"{name} (peak {peak:g} TFLOPS bf16 dense), torch {m['torch']}, transformers {m['transformers']}. "
-                 f"Llama {args.size} ({n_params / 1e6:.0f}M params), seq {args.seq}, micro batch {args.micro}, bf16, "
-                 f"compile={args.compile}; {args.steps} steps (first {WARMUP} untimed), {args.repeats} repeats, medians. "
-                 "`python bench/gpu_bench.py`.", "",
-                 "| system | tokens/s | MFU |", "|---|---|---|"]
-        for k in ("bare", "trainer", "hf"):
-            lines.append(f"| {k} | {figures[f'{k}_tokens_per_s']:.0f} | {100 * figures[f'{k}_mfu']:.1f} % |")
-        lines += ["", f"trainer/bare {figures['trainer_vs_bare']:.3f}, trainer/HF {figures['trainer_vs_hf']:.3f}, "
-                      f"MLflow share {100 * figures['mlflow_share_of_loop']:.2f} %.", ""]
-        append_results_md("\n".join(lines))
-    with contextlib.suppress(Exception):
-        torch.cuda.empty_cache()
+        release(device)
+    return out | {"seconds": time.perf_counter() - t0, **leftovers(device)}
+
+
+def leftovers(device: Any) -> dict[str, Any]:
+    """What a finished system left behind (a leak would starve the next one at 1.3B): models still
+    alive, and on a GPU the bytes still allocated."""
+    import torch
+    from transformers import PreTrainedModel
+
+    out: dict[str, Any] = {"live_models": sum(isinstance(o, PreTrainedModel) for o in gc.get_objects())}
+    if torch.device(device).type == "cuda":
+        out["allocated_after_gb"] = torch.cuda.memory_allocated() / 1e9
+    return out
+
+
+def _with_parallel(spec: Any, parallel: dict[str, Any]) -> Any:
+    from validation.spec import ExperimentSpec
+
+    return ExperimentSpec.model_validate(spec.model_dump(mode="json") | {"parallel": parallel})
+
+
+def measure(spec: Any, prepared: Any, rows: list[dict[str, Any]], device: Any, work: Path, systems: list[str],
+            repeats: int, deadline: float, record: Callable[[dict[str, Any]], None],
+            peak_flops: float) -> dict[str, Any]:
+    """`repeats` rounds of every system in turn (interleaved), recorded after each run through
+    `record` (a part killed at its time limit keeps what it measured); a round is started only
+    while the slowest run so far fits before `deadline` (time.monotonic). Medians, MFU, ratios."""
+    from validation.flops import flops_per_token
+
+    fpt = flops_per_token(spec.model, spec.data.seq_len)
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+    errors: dict[str, str] = {}
+    figures: dict[str, Any] = {}
+    for rep in range(repeats):
+        for system in systems:
+            if system in errors:
+                continue
+            longest = max((r["seconds"] for r in runs[system]), default=0.0)
+            if rep > 0 and time.monotonic() + 1.2 * longest > deadline:
+                figures["stopped_early"] = f"round {rep + 1}: {system} would not finish before the part's limit"
+                break
+            try:
+                runs[system].append(run_system(system, spec, prepared, rows, device, work))
+            except Exception as exc:  # noqa: BLE001 - one system's failure leaves the others' figures
+                errors[system] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                import traceback
+
+                traceback.print_exc()
+            figures = summarise(runs, errors, fpt, peak_flops) | (
+                {"stopped_early": figures["stopped_early"]} if "stopped_early" in figures else {})
+            record(figures)
+        if "stopped_early" in figures:
+            break
     return figures
 
 
-if __name__ == "__main__":
-    main()
+def summarise(runs: dict[str, list[dict[str, Any]]], errors: dict[str, str], fpt: float,
+              peak_flops: float) -> dict[str, Any]:
+    """Per system: the runs, the median tokens/s and its MFU; the trainer's ratios to bare and HF."""
+    systems: dict[str, Any] = {}
+    for name, got in runs.items():
+        rates = [r["tokens_per_s"] for r in got if r["tokens_per_s"] == r["tokens_per_s"]]
+        entry: dict[str, Any] = {"runs": got, "repeats": len(got)}
+        if rates:
+            med = statistics.median(rates)
+            entry |= {"tokens_per_s": med, "mfu": med * fpt / peak_flops,
+                      "spread": (max(rates) - min(rates)) / med if med else None}
+        if name in errors:
+            entry["error"] = errors[name]
+        systems[name] = entry
+
+    def ratio(a: str, b: str) -> float | None:
+        x, y = systems.get(a, {}).get("tokens_per_s"), systems.get(b, {}).get("tokens_per_s")
+        return x / y if x and y else None
+
+    return {"systems": systems, "flops_per_token": fpt, "peak_flops": peak_flops,
+            "ratios": {"trainer/bare": ratio("trainer", "bare"), "trainer/hf": ratio("trainer", "hf"),
+                       "trainer_fsdp/fsdp2": ratio("trainer_fsdp", "fsdp2"),
+                       "trainer_fsdp/hf": ratio("trainer_fsdp", "hf"), "fsdp2/bare": ratio("fsdp2", "bare")}}

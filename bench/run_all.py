@@ -1,7 +1,8 @@
 """`make bench`: every benchmark, one after another, each appending to bench/RESULTS.md.
 
 Side-by-side ratios are measured inside each script in one run (interleaved, medians);
-this only sequences them. The GPU script runs only where CUDA is available.
+this only sequences them. The GPU acceptance run (gpu_check.py: prepare, then run; bench/README.md)
+runs only where CUDA is available.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS = ["bench_validate.py", "bench_pr_check.py", "bench_data.py", "bench_trainer.py", "bench_mlflow.py",
            "bench_architectures.py", "bench_optimizers.py", "bench_compile.py",
            "ab_trainer_step.py", "page_faults.py", "profile_trainer.py", "bench_parallel_memory.py", "bench_verdict.py"]
-GPU_SCRIPTS = ["gpu_bench.py", "gpu_fsdp_bench.py"]
+GPU_SCRIPTS = ["gpu_check.py prepare", "gpu_check.py run --append"]
 
 
 def run(scripts: list[str]) -> list[str]:
-    """Run each script from the repository root, in order; the ones that failed."""
+    """Run each script (with its arguments) from the repository root, in order; the ones that failed."""
     failed = []
     for script in scripts:
         print(f"== {script}", flush=True)
-        if subprocess.run([sys.executable, str(HERE / script)], cwd=HERE.parent).returncode:
+        name, *args = script.split()
+        if subprocess.run([sys.executable, str(HERE / name), *args], cwd=HERE.parent).returncode:
             failed.append(script)
     return failed
 
