@@ -111,7 +111,7 @@ def init_rope_buffers(model: Any) -> None:
     wrong for it, because transformers 5.x's `_init_weights`, which the benches apply first,
     recomputes the rotary buffers itself (bench/RESULTS.md, "init_rope_buffers"). This keeps the
     benches right without that (transformers 4.x, or no `_init_weights`):
-    tests/integration/test_gpu_check_rehearsal.py holds it."""
+    tests/unit/test_gpu_check.py holds it."""
     import torch
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 

@@ -1,8 +1,7 @@
 """The GPU acceptance run rehearsed on the CPU, so that it cannot rot between the rare lendings of
 a GPU: `bench/gpu_check.py run --prepare rehearsal` is the script `make gpu-check` runs on the
 device, with the same parts in their own forked processes and the same report; only the device
-(the CPU, gloo) and the plan's numbers (tiny models, a few steps) differ. And the FSDP benches'
-rotary buffers (`init_rope_buffers`, issue 41 item 4) hold the values a normal build has."""
+(the CPU, gloo) and the plan's numbers (tiny models, a few steps) differ."""
 
 from __future__ import annotations
 
@@ -76,23 +75,3 @@ def test_gpu_check_rehearsal_runs_every_part_on_the_cpu(tmp_path: Path) -> None:
     plan = json.loads((carry / "plan.json").read_text())
     assert plan["site"] is None and plan["prepared"]["bytes"] < gpu_check.CARRY_LIMIT_BYTES
 
-
-def test_init_rope_buffers_restores_what_to_empty_leaves_uninitialised() -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    sys.path.insert(0, str(REPO / "bench"))
-    from bench_parallel_memory import init_rope_buffers
-
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                         vocab_size=64, max_position_embeddings=32)
-    reference = LlamaForCausalLM(config).model.rotary_emb.inv_freq.clone()
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    model.to_empty(device="cpu")
-    rotary = model.model.rotary_emb
-    with torch.no_grad():
-        rotary.inv_freq.fill_(float("nan"))  # whatever the allocator left there
-        rotary.original_inv_freq.fill_(float("nan"))
-    init_rope_buffers(model)
-    assert torch.equal(rotary.inv_freq, reference) and torch.equal(rotary.original_inv_freq, reference)

@@ -1,5 +1,6 @@
 """bench/gpu_check.py's pure parts: the plans of both profiles, the time budget, the goals and the
-RESULTS.md section (the whole run is rehearsed in tests/integration/test_gpu_check_rehearsal.py)."""
+RESULTS.md section (the whole run is rehearsed in tests/integration/test_gpu_check_rehearsal.py);
+and the benches' rotary buffers after `to_empty` (`init_rope_buffers`, issue 41 item 4)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from validation.spec import ExperimentSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import gpu_check  # noqa: E402
+from bench_parallel_memory import init_rope_buffers  # noqa: E402
 
 
 @pytest.mark.parametrize("profile", sorted(gpu_check.PROFILES))
@@ -78,3 +82,18 @@ def test_the_section_renders_partial_and_failed_parts() -> None:
     assert "| 1.36B, seq 2048 x 8 | trainer | 39,000 | 41.0 % |" in text
     assert "(error: RuntimeError: boom)" in text
     assert "| trainer MFU >= 40% (1.36B, bf16) | 0.410 | yes |" in text
+
+
+def test_init_rope_buffers_restores_what_to_empty_leaves_uninitialised() -> None:
+    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         vocab_size=16, max_position_embeddings=8)
+    reference = LlamaForCausalLM(config).model.rotary_emb.inv_freq.clone()
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model.to_empty(device="cpu")
+    rotary = model.model.rotary_emb
+    with torch.no_grad():  # whatever the allocator left there (transformers' _init_weights is not called)
+        rotary.inv_freq.fill_(float("nan"))
+        rotary.original_inv_freq.fill_(float("nan"))
+    init_rope_buffers(model)
+    assert torch.equal(rotary.inv_freq, reference) and torch.equal(rotary.original_inv_freq, reference)
