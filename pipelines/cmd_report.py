@@ -39,6 +39,12 @@ def report(
         raise fail(exc) from None
     if print_markdown:
         typer.echo(built.markdown)
+    else:  # the comment's first screen and the test, as a terminal shows them (report/summary.txt)
+        from reports.publish import SUMMARY_NAME
+
+        summary = built.out_dir / SUMMARY_NAME
+        if summary.is_file():
+            typer.echo(summary.read_text(encoding="utf-8"))
     v = built.verdict
     typer.echo(f"verdict: {headline(v.outcome, v.reason)}")
     typer.echo(f"report: {built.out_dir / 'report.md'}")
