@@ -18,7 +18,8 @@ llama, qwen2, mistral and llama_qknorm share), `_export` (what every export hold
 weights: tokenizer files transformers loads, their special-token ids, export.json). Architectures: `gpt2`, `llama`, `qwen2`,
 `mistral` (stock transformers models), `llama_qknorm` (Llama with QK-norm and a gated
 attention output), `nanogpt` (plain PyTorch, no transformers), `moe` (a dropless mixture of
-experts, plain PyTorch). Optimizers: `optimizers/`.
+experts, plain PyTorch), `moe_capacity` (a capacity-limited one: its routing depends on the row,
+declared as `batch_dependence`, see trainer/contract_checks.py). Optimizers: `optimizers/`.
 
 The contract, in two halves (torchtitan's TrainSpec and levanter's registered LmConfig):
 

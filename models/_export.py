@@ -12,7 +12,10 @@ A helper, not a plug-in (its name starts with `_`). Torch-free.
   architecture's config (config.json, generation_config.json) states the same ids
   (`special_token_ids`), so `generate()` stops at the real end of text.
 - `write_export` writes these files, then lets the architecture write what loading needs
-  (`Architecture.export`, which finds the tokenizer files already there), then export.json.
+  (`Architecture.export`, which finds the tokenizer files already there), then export.json
+  (`write_export_info`; the trainer rewrites it with the note its check of the files gives:
+  a note saying transformers loads the export is verified where the export is written,
+  `trainer.hf_checkpoint.verify_export`, and becomes `loadable: false` with the reason when not).
 """
 
 from __future__ import annotations
@@ -90,11 +93,19 @@ def special_token_ids(directory: str | Path) -> dict[str, int | None]:
 
 def write_export(arch: Architecture, model: torch.nn.Module, out_dir: Path, tokenizer_file: Path) -> ExportNote:
     """Everything of an export but the weights (`model.safetensors`, written by the caller):
-    tokenizer files, the architecture's own files, then export.json. Returns the export note."""
-    from models import EXPORT_FILE
-
+    tokenizer files, the architecture's own files, then export.json. Returns the export note
+    (the architecture's; the trainer then checks it against the files, `write_export_info`)."""
     write_tokenizer(tokenizer_file, out_dir, arch.max_position_embeddings)
     note = arch.export(model, Path(out_dir))
-    info = {"model": arch.model_dump(mode="json"), "export": note.model_dump()}
-    (Path(out_dir) / EXPORT_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    write_export_info(arch, note, Path(out_dir))
     return note
+
+
+def write_export_info(arch: Architecture, note: ExportNote, out_dir: Path, verified: str | None = None) -> None:
+    """export.json: the architecture's fields and the export note, with what checked it (`verified`:
+    the trainer loads every export it writes as its config.json says, trainer/hf_checkpoint.py)."""
+    from models import EXPORT_FILE
+
+    export = note.model_dump() | ({"verified": verified} if verified else {})
+    info = {"model": arch.model_dump(mode="json"), "export": export}
+    (Path(out_dir) / EXPORT_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")

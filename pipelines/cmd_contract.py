@@ -4,10 +4,13 @@ The PR check passes the files a pull request changed (any list: paths that are n
 are skipped; a helper such as `models/_hf.py` checks every architecture); without FILES every
 plug-in is checked. Per architecture: importing it loads no torch (`pipeline validate` stays
 fast), the meta-device parameter count, the FLOPs against torch's counter, the TP plan's
-module names, packed rows equal to their documents alone. Per optimizer: importing it loads
-no torch, and its `state_dict()` round trip resumes bitwise. Each failure is one line
-(`file:line: method: what to change`, or a workflow annotation with `--format github`);
-exit 2 when there is any. torch is imported only after the import-cost probes ran.
+module names and rank 0's share of it, a deterministic eval forward, causality (one process
+and the TP share), packed rows equal to their documents alone, the state round trip (what a
+checkpoint keeps, what training reaches), and an export that says transformers loads it
+(trainer/contract_checks.py). Per optimizer: importing it loads no torch, and its
+`state_dict()` round trip resumes bitwise. Each failure is one line (`file:line: method: what
+to change`, at the culprit's line where it is found, or a workflow annotation with `--format
+github`); exit 2 when there is any. torch is imported only after the import-cost probes ran.
 """
 
 from __future__ import annotations

@@ -718,7 +718,7 @@ class Trainer:
         # (the class config.json names, no missing or unexpected keys, the same logits), else
         # `loadable: false` with the reason, which result.json and the report carry.
         self.export_checked = verify_export(arch, tmp, note)
-        write_export_info(arch, *self.export_checked, tmp)
+        write_export_info(arch, self.export_checked[0], tmp, verified=self.export_checked[1])
         shutil.rmtree(out, ignore_errors=True)
         os.rename(tmp, out)
 

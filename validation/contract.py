@@ -6,8 +6,8 @@ change (a workflow annotation with `--format github`). This module is the torch-
 which plug-ins a list of changed files touches, the failure record, and the import-cost
 check (importing the file in a fresh interpreter loads no torch, transformers or
 accelerate: `pipeline validate` and `plan` import every plug-in). The checks that build
-the model (meta count, FLOPs, TP names, packed rows, optimizer state) are
-`trainer.contract_checks`.
+the model (meta count, FLOPs, TP names and shapes, determinism in eval, causality, packed rows,
+state round trip, export, optimizer state) are `trainer.contract_checks`.
 """
 
 from __future__ import annotations

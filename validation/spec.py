@@ -427,6 +427,25 @@ class ParallelLayout(Section):
 # --------------------------------------------------------------------------- resources
 
 
+GPU_MEMORY_GIB: dict[str, float] = {
+    "h100": 79.0,
+    "h200": 139.5,
+    "b200": 178.0,
+    "a100": 39.5,  # the 40 GB model; the 80 GB one: set resource.gpu_memory_gb: 79
+    "l40s": 44.0,
+    "l4": 22.0,
+    "a10g": 21.5,
+    "v100": 15.5,  # the 16 GB model; the 32 GB one: set resource.gpu_memory_gb: 31.5
+    "t4": 14.5,
+}
+"""`resource.gpu_memory_gb` when a spec with GPUs does not give it, by `gpu_type`: the memory CUDA
+reports as the device's total (`torch.cuda.get_device_properties(i).total_memory`, e.g. 139.8 GiB
+for an H200, 79.1 GiB for an 80 GB H100), rounded down to 0.5 GiB; the smaller model where a type
+comes in two sizes. A type not listed is refused without an explicit `gpu_memory_gb`."""
+CPU_PROCESS_MEMORY_GIB = 16.0
+"""`resource.gpu_memory_gb` per CPU process (`gpus_per_node: 0`) when not given."""
+
+
 class ResourceSpec(Section):
     """Where and how the run executes, and what it may cost."""
 
@@ -438,8 +457,10 @@ class ResourceSpec(Section):
     """Processes per node when `gpus_per_node` is 0 (gloo)."""
     gpu_type: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")] = "cpu"
     """Accelerator type; also a self-hosted runner label (e.g. `h100`)."""
-    gpu_memory_gb: Annotated[float, Field(gt=0.0, le=4096.0)] = 16.0
-    """Memory per accelerator (per process on CPU) used by the memory check."""
+    gpu_memory_gb: Annotated[float, Field(gt=0.0, le=4096.0)] = CPU_PROCESS_MEMORY_GIB
+    """Memory per accelerator (per process on CPU), GiB, used by the memory check; when not given: by
+    `gpu_type` (h100 79, h200 139.5, b200 178, a100 39.5, l40s 44, l4 22, a10g 21.5, v100 15.5, t4 14.5;
+    another type must give it), 16 per CPU process."""
     peak_tflops: Annotated[float, Field(gt=0.0, le=100000.0)] | None = None
     """Dense peak per device for MFU and time estimates; defaults by `gpu_type`."""
     assumed_mfu: Annotated[float, Field(gt=0.0, le=1.0)] = 0.35
@@ -454,6 +475,23 @@ class ResourceSpec(Section):
     """Wall-clock limit of the training job."""
     max_gpu_hours: Annotated[float, Field(gt=0.0, le=1_000_000.0)] = 8.0
     """Budget; a plan estimated above it is refused."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _memory_from_gpu_type(cls, data: Any) -> Any:
+        """Fill `gpu_memory_gb` from `GPU_MEMORY_GIB` when a spec with GPUs leaves it out."""
+        if not isinstance(data, dict) or "gpu_memory_gb" in data:
+            return data
+        gpus, gpu_type = data.get("gpus_per_node", 0), data.get("gpu_type", "cpu")
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus <= 0 or not isinstance(gpu_type, str) \
+                or gpu_type == "cpu":
+            return data  # CPU processes (or a field that fails its own check): the default
+        if gpu_type not in GPU_MEMORY_GIB:
+            raise PydanticCustomError(
+                "gpu_memory_unknown", "gpu_memory_gb is not given and gpu_type '{gpu_type}' has no known memory size "
+                "(known: {known}): set resource.gpu_memory_gb (GiB per device)",
+                {"gpu_type": gpu_type, "known": ", ".join(sorted(GPU_MEMORY_GIB))})
+        return {**data, "gpu_memory_gb": GPU_MEMORY_GIB[gpu_type]}
 
     @property
     def world_size(self) -> int:

@@ -76,6 +76,11 @@ def test_run_writes_contract_files_and_logs_each_point_once(reference: dict[str,
     assert result["final_metrics"]["eval/loss"] < 6.0  # ln(384) = 5.95 at random init
     assert {"torch", "transformers", "cpu_model", "gpu_model", "world_size"} <= set(result["env"])
     assert {p.name for p in (run_dir / "model").iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json"}
+    # The export was loaded where it was written, as its config.json says (issue 38).
+    assert result["export"]["loadable"] is True, result["export"]
+    assert result["export"]["verified"].startswith("verified on the export: LlamaForCausalLM (model_type llama) loads "
+                                                   "it with no missing or unexpected keys")
+    assert json.loads((run_dir / "model" / "export.json").read_text())["export"]["verified"] == result["export"]["verified"]
     # Checkpoints: last 3 kept (4, 8, 12), each verifies.
     steps = [s for s, _ in list_checkpoints(run_dir / "checkpoints")]
     assert steps == [12, 8, 4]
