@@ -93,7 +93,7 @@ except ImportError:  # pragma: no cover - a job install without MLflow has no ML
     _Base = object  # type: ignore[assignment,misc]
 
 
-class GitHubOidcAuthProvider(_Base):  # type: ignore[misc,valid-type]
+class GitHubOidcAuthProvider(_Base):
     """`MLFLOW_TRACKING_AUTH=github-oidc`: every MLflow request carries this job's OIDC token."""
 
     def get_name(self) -> str:
