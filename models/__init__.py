@@ -15,7 +15,9 @@ Files: this module is the contract (`Architecture`, `OptimizerConfig`) and the d
 plug-ins. Helpers: `_hf` (the shared half of the architectures built with transformers: build
 from config, blocks, HF initialisation, export), `_llama_family` (the Llama-shaped decoders
 llama, qwen2, mistral and llama_qknorm share), `_export` (what every export holds besides the
-weights: tokenizer files transformers loads, their special-token ids, export.json). Architectures: `gpt2`, `llama`, `qwen2`,
+weights: tokenizer files transformers loads, their special-token ids, export.json), `_attention`
+(causal attention inside each packed document in O(seq_len) memory, which every architecture's
+blocks run: flash over variable-length documents on a GPU, a custom op elsewhere). Architectures: `gpt2`, `llama`, `qwen2`,
 `mistral` (stock transformers models), `llama_qknorm` (Llama with QK-norm and a gated
 attention output), `nanogpt` (plain PyTorch, no transformers), `moe` (a dropless mixture of
 experts, plain PyTorch), `moe_capacity` (a capacity-limited one: its routing depends on the row,

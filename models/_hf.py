@@ -21,12 +21,26 @@ if TYPE_CHECKING:
 # Bytes each saved element takes at `element_bytes` = 4 (fp32) are that; bf16/fp16 activations
 # take 2, and the softmax statistics and norms' fp32 upcasts stay 4 (counted in the formulas).
 
+EAGER_SCORE_BYTES = {"16-bit": 6.0, "fp32": 4.0}
+"""Bytes `attn_implementation: eager` keeps per attention score for the backward pass: the softmax,
+which transformers computes in fp32 (4 B), and, under bf16/fp16, its copy in the compute dtype that
+the value matmul saves (2 B). Counted at these bytes, not at the fitted `element_bytes`: a dry run of
+Llama-3.2-1B at seq 2048 was 0.549 of the tracked peak when the scores were counted at 2.25 B."""
+
+
+def eager_score_bytes(element_bytes: float) -> float:
+    """`EAGER_SCORE_BYTES` for a plan's bytes per saved element (4 only in fp32)."""
+    return EAGER_SCORE_BYTES["fp32" if element_bytes >= 4 else "16-bit"]
+
 
 class HFCausalLM(Architecture):
     """A causal LM built by `AutoModelForCausalLM.from_config(self.hf_config())`."""
 
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
-    """Attention kernel; both honour document boundaries in packed rows."""
+    """Attention kernel; both honour document boundaries in packed rows. `sdpa`: fused attention
+    inside each document (flash over variable-length documents on a GPU, models/_attention.py),
+    O(seq_len) kept per block; `eager`: transformers' matmul-softmax-matmul, which keeps the
+    softmax of every score (fp32) and its compute-dtype copy, seq_len^2 per head."""
 
     # ------------------------------------------------------------------ what a subclass gives
 
@@ -88,8 +102,13 @@ class HFCausalLM(Architecture):
 
         self.register()
         cfg = self.hf_config()
-        cfg._attn_implementation = self.attn_implementation
-        model: Any = AutoModelForCausalLM.from_config(cfg, attn_implementation=self.attn_implementation)
+        implementation: str = self.attn_implementation
+        if implementation == "sdpa":  # packed documents reach the blocks in O(s), not as an s x s mask each
+            from models._attention import transformers_implementation
+
+            implementation = transformers_implementation()
+        cfg._attn_implementation = implementation
+        model: Any = AutoModelForCausalLM.from_config(cfg, attn_implementation=implementation)
         model.config.use_cache = False
         built: torch.nn.Module = model
         return built
@@ -111,7 +130,9 @@ class HFCausalLM(Architecture):
         return [m for m in (norm, model.get_output_embeddings()) if m is not None]  # type: ignore[operator]
 
     def enable_activation_checkpointing(self, model: torch.nn.Module) -> None:
-        model.activation_checkpointing_enable({"use_reentrant": False})  # type: ignore[operator]
+        # transformers renamed it; the GPU runners' 5.17 has only the old name (bench/gpu_check.py found it).
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable({"use_reentrant": False})  # type: ignore[operator]
 
     def residual_projection(self, name: str) -> bool:
         """Parameters initialised with std / sqrt(2 x layers) (GPT-2's scaled residuals)."""
@@ -149,7 +170,10 @@ class HFCausalLM(Architecture):
 
     def export(self, model: torch.nn.Module, out_dir: Path) -> ExportNote:
         """config.json and generation_config.json, with the special-token ids of the tokenizer
-        files already in `out_dir` (models/_export.py), not the transformers class defaults."""
+        files already in `out_dir` (models/_export.py), not the transformers class defaults.
+        config.json says `use_cache: false`: with a cache, transformers ignores the documents that
+        `position_ids` separate in a packed row (logits 0.3-0.7 off on the contract's tiny models); the
+        generation config keeps its own default (`use_cache: true`), so `generate()` still caches."""
         import copy
 
         from transformers import GenerationConfig
@@ -160,6 +184,7 @@ class HFCausalLM(Architecture):
         ids = special_token_ids(out_dir)
         for key, value in ids.items():
             setattr(config, key, value)
+        config.use_cache = False
         config.save_pretrained(out_dir)
         GenerationConfig(**ids).save_pretrained(out_dir)
         return self.export_note()

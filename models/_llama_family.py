@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from models import PluginSection, TPStyle
-from models._hf import HFCausalLM
+from models._hf import HFCausalLM, eager_score_bytes
 
 
 class RopeScaling(PluginSection):
@@ -111,23 +111,24 @@ class LlamaFamily(HFCausalLM):
         return self.num_layers * per_layer + self.vocab_size * self.hidden_size  # the head (tied or not)
 
     def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: float) -> float:
-        """Saved tensors of one block, per token (fitted term by term to the tensors the HF Llama
-        forward saves, bench/bench_architectures.py): the two RMSNorms and the residual stream
-        (4 x hidden), q before and after rotary and as the attention kernel and o_proj see it
-        (4 x q width), k and v (2 x kv width), the SwiGLU MLP (gate, silu(gate), up, product:
-        4 x ffn), rotary cos and sin (2 x head_dim), one softmax statistic per head; plus the
-        softmax output when `eager` keeps it (heads x seq_len); plus, with grouped-query
-        attention, k and v repeated to every head (2 x q width: under the trainer's document
-        mask SDPA gets them expanded; the dry run measured it on Llama-3-8B, Mistral-7B and
-        Qwen2, whose rows were 0.90-0.95 of it without)."""
+        """Saved tensors of one block, per token (the HF Llama forward's, listed by
+        bench/bench_architectures.py): each RMSNorm's input, normalised and weighted output
+        (2 x 3 x hidden, = 4 x hidden + 2 x q width since q width is hidden here), q after rotary
+        and the attention output (2 x q width, the output projection reads the kernel's output),
+        k and v (2 x kv width: grouped-query heads stay unrepeated, models/_attention.py), the
+        SwiGLU MLP (gate, up, silu(gate), product: 4 x ffn), rotary cos and sin (2 x head_dim) and
+        the kernel's log-sum-exp (one per head). No document mask: packed documents reach the
+        kernel in O(seq_len). `eager` keeps instead every score (heads x seq_len per token) at
+        `eager_score_bytes` (the fp32 softmax and its compute-dtype copy) and k, v repeated to
+        every head (2 x (q - kv) width more), without the log-sum-exp."""
         s, b, h, f = seq_len, micro_batch, self.hidden_size, self.ffn_size
         q, kv = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
         per_token = 4 * h + 4 * q + 2 * kv + 4 * f + 2 * self.head_dim + self.num_heads
-        if kv < q:  # grouped-query attention under a document mask: k and v repeated to every head
-            per_token += 2 * q
+        scores = 0.0
         if self.attn_implementation == "eager":
-            per_token += self.num_heads * s
-        return per_token * s * b * element_bytes
+            per_token += 2 * (q - kv) - self.num_heads
+            scores = self.num_heads * s * eager_score_bytes(element_bytes)
+        return (per_token * element_bytes + scores) * s * b
 
     def smoke_overrides(self, vocab_size: int, seq_len: int) -> dict[str, Any]:
         kv = 2 if (self.num_kv_heads and self.num_kv_heads < self.num_heads) else 4

@@ -6,13 +6,20 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from models._hf import HFCausalLM
+from models._hf import HFCausalLM, eager_score_bytes
 
 GPT2_16BIT_ELEMENT_SHARE = 0.93
-"""GPT-2's blocks keep fewer fp32 tensors under autocast / FSDP's bf16 cast than the Llama family
-whose bytes per element the planner uses (validation/plan/memory.py): the dry run measured 2.09
-bytes per element on GPT-2 small under FSDP, 2.48 on Llama-3-8B (bench/RESULTS.md, "Plan
-calibration": GPT-2 XL under DDP in bf16 was 1.10 of the dry run without it)."""
+"""GPT-2's blocks keep fewer fp32 tensors under autocast than the Llama family whose bytes per
+element the planner uses (validation/plan/memory.py): fitted on the calibration table's fitting
+rows (bench/RESULTS.md, "Plan calibration": GPT-2 XL under DDP in bf16 was 1.10 of the dry run
+without it). Under FSDP's bf16 cast no share is needed: every saved tensor but the log-sum-exp is
+16-bit, 2 B an element (measured per block)."""
+
+
+def cast_16bit(element_bytes: float) -> bool:
+    """Whether the plan's `element_bytes` is for FSDP's bf16/fp16 cast (validation/plan/memory.py,
+    `ElementBytes`), under which a GPT-2 block keeps nothing in fp32 but its log-sum-exp."""
+    return element_bytes < 4 and bool(getattr(element_bytes, "fsdp_cast", False))
 
 
 class Config(HFCausalLM):
@@ -53,15 +60,24 @@ class Config(HFCausalLM):
         """Saved tensors of one GPT-2 block, per token (fitted term by term to the tensors the HF
         forward saves, bench/bench_architectures.py): LayerNorms, the fused qkv output and its
         split, the attention output and c_proj input (8 x hidden), the MLP (c_fc output and the
-        pieces of the tanh GELU: 5 x ffn), two statistics per head; plus the softmax output
-        under `eager` (heads x seq_len)."""
+        pieces of the tanh GELU: 5 x ffn), two statistics per head; `eager` keeps every score
+        too (heads x seq_len per token, at `eager_score_bytes`: the fp32 softmax and its
+        compute-dtype copy) and one statistic per head fewer. Under FSDP's bf16 cast
+        (`element_bytes.fsdp_cast`, validation/plan/memory.py) GPT-2's eager softmax stays 16-bit:
+        its scores and mask are bf16 and, unlike the Llama family's, it asks for no fp32 softmax, so
+        each score keeps 2 B (measured per block, as bench/bench_architectures.py measures blocks;
+        counted at 6 B, the held-out dry-run row gpt2-small-fsdp-eager-1024 was 1.43 of its peak)."""
         s, b, h, f = seq_len, micro_batch, self.hidden_size, self.ffn_size
         per_token = 8 * h + 5 * f + 2 * self.num_heads
+        scores = 0.0
         if self.attn_implementation == "eager":
-            per_token += self.num_heads * s
-        if element_bytes < 4:  # 16-bit: fewer fp32 upcasts than the Llama family the bytes are fitted on
+            per_token -= self.num_heads
+            scores = self.num_heads * s * (2.0 if cast_16bit(element_bytes) else eager_score_bytes(element_bytes))
+        if cast_16bit(element_bytes):
+            element_bytes = 2.0  # FSDP's cast: all 16-bit (bench/bench_architectures.py: 2.001 B an element)
+        elif element_bytes < 4:  # autocast: fewer fp32 upcasts than the Llama family the bytes are fitted on
             element_bytes *= GPT2_16BIT_ELEMENT_SHARE
-        return per_token * s * b * element_bytes
+        return (per_token * element_bytes + scores) * s * b
 
     def smoke_overrides(self, vocab_size: int, seq_len: int) -> dict[str, Any]:
         return super().smoke_overrides(vocab_size, seq_len) | {"intermediate_size": 128}

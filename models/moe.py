@@ -2,11 +2,11 @@
 
 Written only through the public contract of `models` (docs/architectures.md, "Mixture of
 experts"). Each block: RMSNorm, causal self-attention with rotary positions (limited to the
-document, like nanogpt: packed rows equal documents alone), RMSNorm, then a router that sends
-every token to its `top_k` of `num_experts` SwiGLU experts. Dropless: every token reaches its
-experts (no capacity, no token dropped), so how many tokens an expert gets is data-dependent
-(like transformers' Mixtral): torch's FLOP counter cannot run it on fake tensors, and smoke
-checks the declared count on real tiny tensors instead.
+document in O(seq_len) memory, like nanogpt: models/_attention.py; packed rows equal documents
+alone), RMSNorm, then a router that sends every token to its `top_k` of `num_experts` SwiGLU
+experts. Dropless: every token reaches its experts (no capacity, no token dropped), so how many
+tokens an expert gets is data-dependent (like transformers' Mixtral): torch's FLOP counter cannot
+run it on fake tensors, and smoke checks the declared count on real tiny tensors instead.
 
 What the framework reads from this file beyond a dense model's answers:
   - `parameter_count()` is every expert; `active_parameter_count()` and `matmul_parameters()`
@@ -101,15 +101,16 @@ class Config(Architecture):
                 "scalar": (2 * self.num_layers + 1) * h}
 
     def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: float) -> float:
-        """Saved tensors of one block: two RMSNorms (input + output), q/k/v before and after
-        rotary, the attention output and o_proj input (~11 x s*b*h); the router (logits,
-        probabilities: 2 x s*b*E, fp32); per expert its gathered input and, per routed token,
-        w1 and w3 outputs, the SiLU, the product (k x (h + 4 x ffn)) and the weighted output
-        (k x h); plus the boolean document mask (s^2 x b)."""
+        """Saved tensors of one block, per token (listed by bench/bench_architectures.py): two
+        RMSNorms (input, normalised, weighted: 6 x h), q and k after rotary, v and the attention
+        output (4 x h), rotary cos and sin (2 x head_dim), the kernel's log-sum-exp (one per head);
+        the router (logits, probabilities: 2 x E, fp32); per routed token (k of them) its gathered
+        input and weighted output (2 x h) and w1, w3, SiLU and product (4 x ffn). No document mask:
+        packed documents reach the kernel in O(seq_len) (models/_attention.py)."""
         s, b, h, f, e, k = seq_len, micro_batch, self.hidden_size, self.intermediate_size, self.num_experts, self.top_k
         tokens = s * b
-        elems = 11 * tokens * h + k * tokens * (2 * h + 4 * f)
-        return elems * element_bytes + 2 * tokens * e * 4 + s * s * b
+        elems = (10 * h + 2 * self.head_dim + self.num_heads) * tokens + k * tokens * (2 * h + 4 * f)
+        return elems * element_bytes + 2 * tokens * e * 4
 
     def activation_bytes_whole_under_tp(self, seq_len: int, micro_batch: int, element_bytes: float) -> float:
         """Under TP each expert's width is split (w1, w3, SiLU, product), but not what moves whole
@@ -213,6 +214,8 @@ def modules() -> dict[str, type]:
     import torch.nn.functional as F
     from torch import nn
 
+    from models._attention import Documents, document_attention
+
     class RMSNorm(nn.Module):
         def __init__(self, width: int):
             super().__init__()
@@ -233,13 +236,13 @@ def modules() -> dict[str, type]:
             self.head_dim = cfg.head_dim
             self.q, self.k, self.v, self.o = (nn.Linear(h, h, bias=False) for _ in range(4))
 
-        def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        def forward(self, x: torch.Tensor, documents: Documents, cos: torch.Tensor,
+                    sin: torch.Tensor) -> torch.Tensor:
             b, s, _ = x.shape
             # -1 heads: under tensor parallelism each rank holds its own heads only.
             q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            return self.o(y.transpose(1, 2).reshape(b, s, -1))
+            return self.o(document_attention(q, k, v, documents).reshape(b, s, -1))
 
     class Expert(nn.Module):
         def __init__(self, cfg: Config):
@@ -298,21 +301,21 @@ def modules() -> dict[str, type]:
             self.attn, self.moe = Attention(cfg), SparseMoE(cfg)
             self.checkpointed = False
 
-        def _forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor,
+        def _forward(self, x: torch.Tensor, documents: Documents, cos: torch.Tensor,
                      sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            x = x + self.attn(self.norm_1(x), mask, cos, sin)
+            x = x + self.attn(self.norm_1(x), documents, cos, sin)
             y, aux = self.moe(self.norm_2(x))
             return x + y, aux
 
-        def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor,
+        def forward(self, x: torch.Tensor, documents: Documents, cos: torch.Tensor,
                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             if self.checkpointed and self.training:
                 from torch.utils.checkpoint import checkpoint
 
-                out: tuple[torch.Tensor, torch.Tensor] = checkpoint(self._forward, x, mask, cos, sin,
+                out: tuple[torch.Tensor, torch.Tensor] = checkpoint(self._forward, x, documents, cos, sin,
                                                                     use_reentrant=False)
                 return out
-            return self._forward(x, mask, cos, sin)
+            return self._forward(x, documents, cos, sin)
 
     class Output:
         def __init__(self, loss: torch.Tensor | None, logits: torch.Tensor, aux_loss: torch.Tensor):
@@ -339,10 +342,8 @@ def modules() -> dict[str, type]:
             device = input_ids.device
             if position_ids is None:
                 position_ids = torch.arange(s, device=device).expand(b, s)
-            # Document of each token: a new one starts wherever the position restarts at 0.
-            doc = torch.cumsum((position_ids == 0).int(), dim=1)
-            causal = torch.ones(s, s, dtype=torch.bool, device=device).tril()
-            mask = ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
+            # A new document wherever the position restarts at 0; built once, O(s), for every block.
+            documents = Documents.from_positions(position_ids).prepare()
             half = self.cfg.head_dim // 2
             inv = 1.0 / (self.cfg.rope_theta ** (torch.arange(half, device=device, dtype=torch.float32) / half))
             angles = position_ids[:, None, :, None].float() * inv  # [b, 1, s, half]
@@ -351,7 +352,7 @@ def modules() -> dict[str, type]:
             sin = torch.cat((angles.sin(), angles.sin()), dim=-1).to(x.dtype)
             aux_total = x.new_zeros((), dtype=torch.float32)
             for block in self.blocks:
-                x, aux = block(x, mask, cos, sin)
+                x, aux = block(x, documents, cos, sin)
                 aux_total = aux_total + aux
             logits = self.lm_head(self.norm(x))
             aux_loss = aux_total / len(self.blocks)

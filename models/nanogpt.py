@@ -4,7 +4,8 @@ Written only through the public contract of `models` (docs/architectures.md). Se
 q/k/v projections (not nanoGPT's fused `c_attn`) so that tensor parallelism can split them
 by head; LayerNorm with optional biases; learned positions indexed by `position_ids`, which
 restart at 0 for every document packed into a row, and attention limited to the document
-(a block-diagonal causal mask built from them), so packed rows equal documents alone.
+(models/_attention.py: each token attends to its own document, in O(seq_len) memory per block),
+so packed rows equal documents alone.
 
 Export: `model.safetensors` plus a `config.json` naming `model_type: nanogpt`; transformers
 cannot load it (it is not a transformers model) and says so ("unrecognized model type");
@@ -66,12 +67,18 @@ class Config(Architecture):
         return self.num_layers * (4 * h * h + 2 * h * f) + self.vocab_size * h
 
     def activation_bytes_per_layer(self, seq_len: int, micro_batch: int, element_bytes: float) -> float:
-        """Saved tensors of one block: two LayerNorms (input + normalised, 2 x s*b*h each), q/k/v
-        (3 x), the attention output and proj input (2 x), the MLP (fc output, gelu output:
-        2 x s*b*ffn), and the boolean document mask (s^2 x b, one byte each)."""
+        """Saved tensors of one block, per token (listed by bench/bench_architectures.py): each
+        LayerNorm's input and output (4 x hidden), q, k, v and the attention output (4 x hidden:
+        the output projection reads the kernel's output), the MLP's fc and GELU outputs (2 x ffn),
+        the kernel's log-sum-exp (one per head) and the LayerNorms' statistics (4). No document
+        mask: packed documents reach the kernel in O(seq_len) (models/_attention.py). Under FSDP's
+        bf16 cast (`element_bytes.fsdp_cast`, validation/plan/memory.py) every one of them is 16-bit
+        but the log-sum-exp (fp32): no norm upcasts here, so 2 B an element, not the Llama family's
+        fitted bytes (measured per block, bench/bench_architectures.py: 2.005 B)."""
         s, b, h, f = seq_len, micro_batch, self.hidden_size, self.ffn_size
-        elems = 4 * s * b * h + 3 * s * b * h + 2 * s * b * h + 2 * s * b * f
-        return elems * element_bytes + s * s * b
+        if element_bytes < 4 and getattr(element_bytes, "fsdp_cast", False):
+            return ((8 * h + 2 * f + 4) * 2 + self.num_heads * 4) * s * b
+        return (8 * h + 2 * f + self.num_heads + 4) * s * b * element_bytes
 
     def smoke_overrides(self, vocab_size: int, seq_len: int) -> dict[str, Any]:
         return super().smoke_overrides(vocab_size, seq_len) | {"intermediate_size": 128}
@@ -129,6 +136,8 @@ def modules() -> dict[str, type]:
     import torch.nn.functional as F
     from torch import nn
 
+    from models._attention import Documents, document_attention
+
     class LayerNorm(nn.Module):
         def __init__(self, width: int, bias: bool):
             super().__init__()
@@ -146,12 +155,11 @@ def modules() -> dict[str, type]:
             self.q, self.k, self.v = (nn.Linear(h, h, bias=bias) for _ in range(3))
             self.proj = nn.Linear(h, h, bias=bias)
 
-        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        def forward(self, x: torch.Tensor, documents: Documents) -> torch.Tensor:
             b, s, _ = x.shape
             # -1 heads: under tensor parallelism each rank holds its own heads only.
             q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+            return self.proj(document_attention(q, k, v, documents).reshape(b, s, -1))
 
     class MLP(nn.Module):
         def __init__(self, cfg: Config):
@@ -169,17 +177,17 @@ def modules() -> dict[str, type]:
             self.attn, self.mlp = Attention(cfg), MLP(cfg)
             self.checkpointed = False
 
-        def _forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            x = x + self.attn(self.ln_1(x), mask)
+        def _forward(self, x: torch.Tensor, documents: Documents) -> torch.Tensor:
+            x = x + self.attn(self.ln_1(x), documents)
             return x + self.mlp(self.ln_2(x))
 
-        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        def forward(self, x: torch.Tensor, documents: Documents) -> torch.Tensor:
             if self.checkpointed and self.training:
                 from torch.utils.checkpoint import checkpoint
 
-                out: torch.Tensor = checkpoint(self._forward, x, mask, use_reentrant=False)
+                out: torch.Tensor = checkpoint(self._forward, x, documents, use_reentrant=False)
                 return out
-            return self._forward(x, mask)
+            return self._forward(x, documents)
 
     class Output:
         def __init__(self, loss: torch.Tensor | None, logits: torch.Tensor):
@@ -206,13 +214,11 @@ def modules() -> dict[str, type]:
             b, s = input_ids.shape
             if position_ids is None:
                 position_ids = torch.arange(s, device=input_ids.device).expand(b, s)
-            # Document of each token: a new one starts wherever the position restarts at 0.
-            doc = torch.cumsum((position_ids == 0).int(), dim=1)
-            causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
-            mask = (doc[:, :, None] == doc[:, None, :]) & causal
+            # A new document wherever the position restarts at 0; built once, O(s), for every block.
+            documents = Documents.from_positions(position_ids).prepare()
             x = self.wte(input_ids) + self.wpe(position_ids)
             for block in self.blocks:
-                x = block(x, mask[:, None])
+                x = block(x, documents)
             logits = self.lm_head(self.ln_f(x))
             loss = None
             if labels is not None:

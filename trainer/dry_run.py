@@ -24,16 +24,22 @@ How (torchtitan's scripts/estimate/estimation.py, taken further):
   optimizer state read 9x its size), then one tracked step: forward, backward, gradient clipping,
   optimizer step, over `grad_accum_steps` micro-batches (at most 2: under DDP the first without gradient
   sync, as accelerate's `no_sync` runs it; FSDP reduce-scatters each, as trainer/step.py does). `FSDPMemTracker` for FSDP/TP layouts, `MemTracker` for
-  plain and DDP ones; the peak snapshot is split into the plan's categories (`CATEGORY_OF`).
+  plain and DDP ones; the peak snapshot is split into the plan's categories (`CATEGORY_OF`);
+- an optimizer that reads a scalar on the host inside its step (torch's Adafactor: its step count
+  and norms, `.item()`) gets 1 back (`_ScalarReads`; fake tensors have no values, and no shape or
+  allocation depends on them), noted in the result.
 
 Ranks: data and tensor parallelism give every rank the same role (rank 0's shards are the largest
 under torch.chunk), so one rank is simulated; pipeline stages (not executable yet) would need the
-first and the last. A failure while sharding or stepping names the module that was running
-(`DryRunFailed`); `trainer.parallel.apply_tp_plan` names the weight dimension a TP degree does not
-split.
+first and the last. A failure while sharding or stepping names the module that was running, or,
+after the backward, the gradient clipping or the optimizer step (`DryRunFailed`);
+`trainer.parallel.apply_tp_plan` names the weight dimension a TP degree does not split.
 
 What it cannot see, added as named constants (`unseen_bytes`): the CUDA context, NCCL's buffers,
-kernels' workspaces (cuBLAS, attention) and the caching allocator's fragmentation. The check that
+kernels' workspaces (cuBLAS, attention) and the caching allocator's fragmentation. Nor the dense
+document mask of the attention paths that take one (CPU processes, a GPU in fp32:
+models/_attention.py): the fake kernel builds none, as the GPU's flash path; the plan counts it.
+The check that
 analytic and tracked agree compares like with like: the tracker's total against the plan's total
 without its framework overhead.
 
@@ -224,7 +230,7 @@ def dry_run(spec: ExperimentSpec, rank: int = 0) -> DryRun:
     quiet.setLevel(logging.ERROR)
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     try:
-        tracked, categories, tracker, micro, balanced = _simulate(run_spec, world, rank)
+        tracked, categories, tracker, micro, balanced, scalar_reads = _simulate(run_spec, world, rank)
     finally:
         dist.destroy_process_group()
         quiet.setLevel(level)
@@ -241,6 +247,9 @@ def dry_run(spec: ExperimentSpec, rank: int = 0) -> DryRun:
     if balanced:
         notes.append("mixture of experts: tokens assumed spread evenly over the experts (fake tensors have no "
                       "values to route by)")
+    if scalar_reads:
+        notes.append(f"optimizer {spec.train.optimizer.name}: {scalar_reads} scalar reads inside its step answered "
+                     "with 1 (fake tensors have no values; no shape depends on them)")
     if not on_gpu:
         notes.append("CPU run: resource.gpu_memory_gb is read as each process's memory")
     return DryRun(
@@ -262,9 +271,10 @@ def _analytic_categories(memory: Any) -> dict[str, int]:
             "logits_temporaries": memory.logits_bytes, "overhead": memory.overhead_bytes}
 
 
-def _simulate(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, dict[str, int], str, int, bool]:
+def _simulate(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, dict[str, int], str, int, bool, int]:
     """Build, shard and step rank `rank` under fake tensors; the tracked peak (bytes), its
-    categories, the tracker's name, the micro-batches stepped, and whether routing was assumed."""
+    categories, the tracker's name, the micro-batches stepped, whether routing was assumed, and
+    how many scalar reads of the optimizer step were answered."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -314,7 +324,47 @@ def _simulate(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, dict[st
     categories = {str(getattr(k, "value", k)): int(v) for k, v in device_snap.items() if k != "Total"}
     if buckets:
         categories["DDP buckets"] = buckets
-    return total, categories, type(tracker).__name__, micro, routing.used
+    return total, categories, type(tracker).__name__, micro, routing.used, step.scalar_reads
+
+
+class _ScalarReads:
+    """Answers the scalar reads (`Tensor.item()`, i.e. `aten._local_scalar_dense`) of fake tensors
+    inside the optimizer step: fake tensors have no values, and an optimizer that reads its step
+    count or a norm on the host (torch's Adafactor: `step_t.item()`, `param.norm().item()`) would
+    otherwise stop the dry run. Each read is answered with 1 of the tensor's kind (a constant that
+    fake tensor mode still knows is answered with itself): the value changes no shape and no
+    allocation, which is all the dry run measures. The number of reads answered is noted."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                import torch
+                from torch._subclasses.fake_tensor import FakeTensor
+
+                # A DTensor (FSDP, TP) reads its local shard: a fake tensor too.
+                tensor = getattr(args[0], "_local_tensor", args[0]) if args else None
+                if func is torch.ops.aten._local_scalar_dense.default and isinstance(tensor, FakeTensor):
+                    if tensor.constant is not None:
+                        return tensor.constant.item()
+                    outer.answered += 1
+                    if tensor.dtype == torch.bool:
+                        return True
+                    return 1.0 if tensor.dtype.is_floating_point else 1
+                return func(*args, **(kwargs or {}))
+
+        self.answered = 0
+        self.mode = Mode()
+
+    def __enter__(self) -> _ScalarReads:
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.mode.__exit__(*exc)
 
 
 def _balanced_routing_mode() -> Any:
@@ -360,8 +410,14 @@ class _Step:
         self.model, self.optimizer, self.sharded, self.micro = model, optimizer, sharded, micro
         self.precision = spec.train.precision
         self.max_norm = spec.train.grad_clip or float("inf")
+        self.optimizer_name = spec.train.optimizer.name
         self.between: Any = None
         """Called between micro-batches (the tracker forgets per-module stats; its peak stays)."""
+        self.where: str | None = None
+        """The part of the step after the model's backward that is running (clipping, the
+        optimizer step), named by a failure instead of the last module the backward visited."""
+        self.scalar_reads = 0
+        """Scalar reads inside the optimizer step answered by `_ScalarReads`."""
 
     def __call__(self, batch: dict[str, Any]) -> None:
         import contextlib
@@ -370,6 +426,7 @@ class _Step:
 
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        self.where = None
         for m in range(self.micro):
             last = m == self.micro - 1
             with self._sync(last), autocast:
@@ -381,9 +438,14 @@ class _Step:
             loss.backward()
             if not last and self.between is not None:
                 self.between()
+        self.where = "gradient clipping"
         clip_grad_norm(list(self.model.parameters()), self.max_norm)
-        self.optimizer.step()
+        self.where = f"the optimizer step ({self.optimizer_name})"
+        with _ScalarReads() as reads:
+            self.optimizer.step()
+        self.scalar_reads += reads.answered
         self.optimizer.zero_grad(set_to_none=True)
+        self.where = None
 
     def _sync(self, last: bool) -> Any:
         import contextlib
@@ -427,6 +489,8 @@ def _named_failure(step: _Step, batch: dict[str, Any], layout: str, what: str) -
             step(batch)
     except (RuntimeError, ValueError, AssertionError, IndexError, TypeError) as exc:
         where = f"in {last[0]} ({last[1]})" if last[0] else "outside any module"
+        if step.where is not None:  # after the backward: clipping or the optimizer, not a module
+            where = f"in {step.where}"
         raise DryRunFailed(f"dry run ({layout}): the {what} fails at full size {where}: "
                            f"{_first_line(exc)}") from None
     finally:

@@ -112,3 +112,42 @@ def test_pipeline_stages_are_said_not_simulated_rather_than_measured_as_another_
 
     with pytest.raises(DryRunUnavailable, match=r"pipeline stages \(parallel.pp=2\) are not simulated"):
         dry_run(spec({"dp": 1, "pp": 2}))
+
+
+def test_adafactor_steps_fsdp_x_tp_shards_and_a_failure_in_the_optimizer_step_names_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reproduced on main: Adafactor stopped the dry run under every layout (`step_t.item()` on a
+    fake tensor inside its step), and the message blamed `model.embed_tokens (backward)`, the
+    last module the backward visited. The optimizer's scalar reads are answered (noted), Adafactor
+    steps DTensor shards (models/optimizers/adafactor.py), and a failure after the backward names
+    the optimizer step."""
+    import trainer.optim
+    from models import optimizer_configs
+    from trainer.dry_run import dry_run
+    from validation.errors import DryRunFailed
+
+    # Adafactor on FSDP x TP shards (a 2-D mesh); AdamW is every other dry-run test's, and the
+    # recorded held-out calibration rows step Adafactor, Muon and SGD under DDP, FSDP and TP at
+    # full size (bench/results/plan_calibration_heldout.json, tests/unit/test_plan_calibration.py).
+    base = spec({"dp": 2, "tp": 2, "fsdp": True})
+    adafactor = base.model_copy(update={"train": base.train.model_copy(
+        update={"optimizer": optimizer_configs()["adafactor"].model_validate({"name": "adafactor"})})})
+    result = dry_run(adafactor)
+    assert result.tracked_bytes > 0
+    assert any("scalar reads inside its step answered" in note for note in result.notes), result.notes
+
+    build = trainer.optim.build_optimizer
+
+    def broken(model: Any, train: Any, arch: Any) -> Any:
+        optimizer = build(model, train, arch)
+
+        def step(closure: Any = None) -> None:
+            raise RuntimeError("this optimizer cannot step")
+
+        optimizer.step = step
+        return optimizer
+
+    monkeypatch.setattr(trainer.optim, "build_optimizer", broken)
+    with pytest.raises(DryRunFailed, match=r"fails at full size in the optimizer step \(adamw\): RuntimeError: "
+                                           r"this optimizer cannot step"):
+        dry_run(base)

@@ -28,6 +28,8 @@ from tests.infra.lm_eval_tasks import choice_task
 from tests.infra.trainer_runs import data_dir, run_trainer, step_losses, train_here  # noqa: F401 - fixture
 
 STEPS = 20
+FP32_ULPS = 4 * 2.0**-23
+"""Relative tolerance of 4 float32 ulps: a layout that reduces in another order."""
 COMMON: dict[str, Any] = {"max_steps": STEPS, "micro_batch_size": 2, "eval_interval": 1000, "checkpoint_interval": 5,
                           "keep_last": 4, "grad_clip": 0.0}
 FSDP = {"dp": 2, "fsdp": True}
@@ -141,7 +143,10 @@ def test_one_process_checkpoint_resumes_sharded_on_two_ranks(
     assert sorted(got) == list(range(11, STEPS + 1))
     assert _result(run_dir)["resumed_from"].endswith("step_000010")
     for step in got:
-        assert got[step] == pytest.approx(single["losses"][step], abs=1e-6), step
+        # One process against two FSDP ranks: the reductions run in another order, so the losses
+        # agree to a few float32 ulps (4.9156 differed by 2.5 ulps on this machine's torch 2.13
+        # build at step 17, before and after this round), not bitwise.
+        assert got[step] == pytest.approx(single["losses"][step], rel=FP32_ULPS), step
 
 
 def test_truncated_shard_is_skipped_with_an_alert_naming_it(

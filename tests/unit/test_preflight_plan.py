@@ -150,8 +150,11 @@ def test_tiny_cpu_memory_by_hand():
     # bench/bench_architectures.py): 4h + 4q + 2kv + 4ffn + 2 head_dim + heads elements, fp32,
     # 2 layers, one micro-batch in flight (pp=1).
     per_token = 4 * 64 + 4 * 64 + 2 * 64 + 4 * 192 + 2 * 16 + 4
-    # Plus what is saved outside the blocks: 12 bytes per token x hidden (measured by the dry run).
-    assert memory.activations_bytes == 2 * per_token * 128 * 8 * 4 + 12 * 128 * 8 * 64 == 12_615_680
+    # Plus what is saved outside the blocks: 12 bytes per token x hidden (measured by the dry run),
+    # and the fp32 document mask a CPU process builds once per forward for every block's attention
+    # (micro batch x seq^2 x 4 B; models/_attention.py: no block keeps its own).
+    activations = 2 * per_token * 128 * 8 * 4 + 12 * 128 * 8 * 64 + 8 * 128 * 128 * 4
+    assert memory.activations_bytes == activations == 13_139_968
     assert memory.logits_bytes == 128 * 8 * 256 * 8  # the loss's fp32 gradients: seq x micro x vocab x 8 bytes
     assert memory.logits_saved_bytes == 128 * 8 * 256 * 4  # its saved fp32 log-softmax
     assert memory.overhead_bytes == FRAMEWORK_OVERHEAD_BYTES_CPU == GIB // 2
@@ -162,8 +165,8 @@ def test_tiny_cpu_memory_by_hand():
     # logits' saved log-softmax and gradients. (553,261,312 before: the log-softmax was missing and
     # the non-block activations were not counted.)
     assert memory.peak_phase == "loss"
-    total = 123_200 * 20 + 12_615_680 + 1_048_576 + 2_097_152 + 536_870_912
-    assert memory.total_bytes == total == 555_096_320
+    total = 123_200 * 20 + 13_139_968 + 1_048_576 + 2_097_152 + 536_870_912
+    assert memory.total_bytes == total == 555_620_608
     assert memory.capacity_bytes == 16 * GIB
     assert memory.fits
     assert memory.headroom_pct == pytest.approx(100 * (16 * GIB - total) / (16 * GIB))
@@ -254,12 +257,12 @@ def test_seventy_b_on_four_nodes_gets_a_node_wide_tensor_parallel_degree():
     # FSDP alone over 4 nodes runs hybrid (sharded inside a node: 16 B x 70.6B / 8 does not fit,
     # with any checkpointing); tp spans the node, FSDP crosses nodes; checkpointing before pp.
     assert (plan.dp, plan.tp, plan.pp, plan.fsdp) == (4, 8, 1, True)
-    # Selective checkpointing does not fit (84.0 GiB): at the last of 32 micro-batches this rank
+    # Selective checkpointing does not fit (83.3 GiB): at the last of 32 micro-batches this rank
     # also holds its fp32 shard of the gradients reduce-scattered so far (8.2 GiB); full does.
     assert plan.activation_checkpointing == "full"
     assert plan.rejected[3] == "dp=32 tp=1 pp=1 fsdp + full checkpointing: 154.8 GiB"
     assert plan.rejected[5] == ("dp=4 tp=8 pp=1 fsdp + selective checkpointing (micro batch 1 x 32 accumulated): "
-                                "84.0 GiB")
+                                "83.3 GiB")
     # The global batch (1 x 4 x 32 rows) is kept: 4 replicas accumulate 32 micro-batches of 1.
     assert (plan.micro_batch_size, plan.grad_accum_steps, plan.global_batch) == (1, 32, 128)
     # Every one of the 80 checkpointed blocks keeps only its bf16 input, plus the tensors saved
@@ -276,8 +279,9 @@ def test_checkpointing_comes_before_pipeline_stages():
                      train={"micro_batch_size": 1, "grad_accum_steps": 1, "precision": "bf16"})
     plan = plan_parallel(spec)
     assert (plan.dp, plan.tp, plan.pp, plan.fsdp, plan.activation_checkpointing) == (8, 1, 1, True, "selective")
-    # (225.3 and 121.0 GiB when every category was summed whatever the phase.)
-    assert plan.rejected == ("dp=8 tp=1 pp=1: 222.3 GiB", "dp=8 tp=1 pp=1 fsdp: 115.5 GiB")
+    # (225.3 and 121.0 GiB when every category was summed whatever the phase; 222.3 and 115.5 GiB
+    # while the plan counted k and v repeated to every head, which document attention no longer saves.)
+    assert plan.rejected == ("dp=8 tp=1 pp=1: 211.3 GiB", "dp=8 tp=1 pp=1 fsdp: 106.0 GiB")
     per_layer = int(spec.model.activation_bytes_per_layer(16384, 1, preflight.ACTIVATION_ELEMENT_BYTES_FSDP_CAST["bf16"]))
     # Blocks 2, 4, ..., 32 keep their bf16 input; the other 16 everything; the tensors saved
     # outside the blocks. The block recomputed in the backward pass is not alive at the loss's peak.
@@ -333,22 +337,23 @@ def test_default_location_is_the_spec_placeholder():
 def test_suggests_the_largest_micro_batch_that_fits():
     spec = make_spec(
         TINY_LLAMA,
-        data={"seq_len": 8192},
+        data={"seq_len": 4096},
         train={"micro_batch_size": 64, "precision": "fp32"},
         resource={"gpu_memory_gb": 1},
     )
     # With full checkpointing (the search adds it) the peak is in the blocks' backward: per row one
-    # block recomputed and its fp32 input; 0.5 GiB overhead; the states (123,200 x 16 bytes) too.
-    # (7 when the loss's logits, the blocks' inputs and the recomputed block were all summed.)
-    per_row = spec.model.activation_bytes_per_layer(8192, 1, 4) + 8192 * 64 * 4
-    largest = (GIB - GIB // 2 - 123_200 * 16) // per_row
-    assert largest == 10
+    # block recomputed and its fp32 input, and the fp32 document mask a CPU process shares between
+    # its blocks (seq^2 x 4 B: models/_attention.py); 0.5 GiB overhead; the states (123,200 x 16
+    # bytes) too.
+    per_row = spec.model.activation_bytes_per_layer(4096, 1, 4) + 4096 * 64 * 4 + 4096 * 4096 * 4
+    largest = int((GIB - GIB // 2 - 123_200 * 16) // per_row)
+    assert largest == 5
     with pytest.raises(SpecError) as info:
         plan_parallel(spec)
     assert f"train.micro_batch_size <= {largest} " in info.value.issues[0].message
     smaller = make_spec(
         TINY_LLAMA,
-        data={"seq_len": 8192},
+        data={"seq_len": 4096},
         train={"micro_batch_size": largest, "precision": "fp32"},
         resource={"gpu_memory_gb": 1},
     )

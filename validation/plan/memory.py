@@ -80,6 +80,26 @@ ACTIVATION_ELEMENT_BYTES: dict[str, float] = {"bf16": 2.6, "fp16": 2.6, "fp32": 
 # without checkpointing, 48 blocks, is the bound). 2.75 for every layout put Llama-3-8B's blocks
 # 11 % high, GPT-2's 30 %. (One figure per architecture would belong in its models/ file.)
 ACTIVATION_ELEMENT_BYTES_FSDP_CAST: dict[str, float] = {"bf16": 2.25, "fp16": 2.25, "fp32": 4}
+
+
+class ElementBytes(float):
+    """What `activation_bytes_per_layer(seq_len, micro_batch, element_bytes)` receives: a float, the
+    bytes of one saved element (`ACTIVATION_ELEMENT_BYTES` or `..._FSDP_CAST`), that also says which
+    of the two 16-bit regimes it is for: `fsdp_cast` is True when FSDP2 casts the parameters to the
+    compute dtype (the residual stream and everything computed from it are 16-bit, a transformers
+    mask too, so nothing upcasts a score to fp32), False under autocast (plain, DDP: the residual
+    stream and the embeddings stay fp32) and in fp32. A plug-in that treats it as a plain float
+    keeps working; one whose tensors differ by regime reads `getattr(element_bytes, "fsdp_cast",
+    False)` (models/gpt2.py: eager scores are 2 B under the cast, 6 B under autocast)."""
+
+    fsdp_cast: bool
+
+    def __new__(cls, value: float, fsdp_cast: bool = False) -> ElementBytes:
+        out = super().__new__(cls, value)
+        out.fsdp_cast = fsdp_cast
+        return out
+
+
 # Saved tensors outside the blocks (the embedding output, the final norm's input and fp32
 # internals, the head's input), in bytes per token x hidden: 12 measured on Llama-3-8B (FSDP)
 # and 13 on GPT-2 small (DDP, autocast's head copy included).
@@ -88,9 +108,18 @@ NON_BLOCK_ACTIVATION_BYTES = 12
 # The 5*a*s^2*b term is the attention score matrix (softmax, its dropout mask and
 # output). Fused SDPA kernels (flash / memory-efficient) keep only a log-sum-exp and
 # recompute the scores in the backward pass -- the same effect as the paper's selective
-# recomputation -- so the term is only counted for `attn_implementation: eager`. (The
-# boolean document mask of packed rows, s^2*b bytes, is small next to 34*s*b*h*layers.)
+# recomputation -- so the term is only counted for `attn_implementation: eager` (by the
+# architecture's own `activation_bytes_per_layer`: 6 B per score in 16-bit, 4 B in fp32).
 ATTENTION_SCORES_STORED: dict[str, bool] = {"eager": True, "sdpa": False}
+# Packed documents reach every block as an O(s) description (models/_attention.py): no block
+# keeps an s x s mask of its own. Where the kernel still takes a dense mask (micro batch x s^2
+# elements in the compute dtype) there is one at a time: a GPU in fp32 (memory-efficient
+# attention; flash, which runs bf16/fp16 on a GPU, takes the documents as variable-length
+# sequences and builds none) builds it inside each attention call and frees it, counted in the
+# backward pass's activations (a block's backward rebuilds it); CPU processes build it once per
+# forward and every block and backward reads that one, counted with the saved activations. The
+# dry run's fake kernel builds none (it simulates the GPU's flash path): its tracker sees neither.
+DENSE_MASK_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # The loss upcasts the [s, b, vocab] logits to fp32 and keeps the fp32 log-softmax for the
 # backward pass (4 bytes per logit, a saved activation: `LOGIT_SAVED_BYTES_PER_ELEMENT`); its
@@ -385,8 +414,9 @@ def _memory(spec: ExperimentSpec, dp: int, tp: int, pp: int, fsdp: bool, micro_b
     params_here = -(-(-(-layers_total // tp) + embedding) // (pp * shard))
     copy = COMPUTE_COPY_BYTES[train.precision]
 
-    cast = ACTIVATION_ELEMENT_BYTES_FSDP_CAST if sharded and copy else ACTIVATION_ELEMENT_BYTES
-    element = cast[train.precision]
+    fsdp_cast = bool(sharded and copy)
+    cast = ACTIVATION_ELEMENT_BYTES_FSDP_CAST if fsdp_cast else ACTIVATION_ELEMENT_BYTES
+    element = ElementBytes(cast[train.precision], fsdp_cast=fsdp_cast)
     seq, hidden = spec.data.seq_len, model.hidden_size
     # The architecture's own count of what one block saves (models/<model_type>.py).
     per_layer = int(model.activation_bytes_per_layer(seq, micro_batch, element))
@@ -402,9 +432,17 @@ def _memory(spec: ExperimentSpec, dp: int, tp: int, pp: int, fsdp: bool, micro_b
     in_flight = pipeline_in_flight(pp, accum, spec.parallel.pp_schedule
                                    if isinstance(spec.parallel, ParallelLayout) else "1f1b")
     activations = int(kept * in_flight) + NON_BLOCK_ACTIVATION_BYTES * seq * micro_batch * hidden
+    # The dense document mask where the attention kernel takes one (`DENSE_MASK_BYTES`):
+    # a CPU process's, shared by the step's blocks; a GPU's in fp32, one call's at a time.
+    dense_mask = seq * seq * micro_batch * DENSE_MASK_BYTES[train.precision]
+    if not on_gpu:
+        activations += dense_mask
     # The backward pass after the loss: one block's activations (recomputed, or the first block's
-    # own) and its input.
+    # own) and its input; and the dense mask (a CPU process's, still shared; a GPU's in fp32,
+    # rebuilt by that block's backward).
     recompute = per_layer + block_input
+    if not on_gpu or train.precision == "fp32":
+        recompute += dense_mask
     logit_count = seq * micro_batch * model.vocab_size
 
     wrapper_params = wrapper_grads = autocast = output_group = 0
