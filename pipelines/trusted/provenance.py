@@ -150,7 +150,9 @@ def artifact_location_problem(artifact_uri: str, tracking_uri: str | None) -> st
 
 def _is_server(tracking_uri: str | None) -> bool:
     """A tracking server has users (job identities); a local store (sqlite, files) has one."""
-    return (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "").startswith(("http://", "https://"))
+    from pipelines.trusted.job_identity import has_users
+
+    return has_users(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
 
 
 def _client(tracking_uri: str | None) -> Any:
