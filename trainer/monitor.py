@@ -297,4 +297,8 @@ class StallWatchdog:
                 self.on_stall(idle)
 
     def stop(self) -> None:
+        """Stop and wait for the thread: it holds `on_stall` (in the trainer, a closure over the
+        trainer and its model), which must not outlive the run while an idle thread sleeps on."""
         self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=30.0)

@@ -215,6 +215,27 @@ def test_stall_watchdog_raises_when_no_step_completes() -> None:
         dog.stop()
 
 
+def test_a_stopped_stall_watchdog_no_longer_holds_the_trainer() -> None:
+    """Its thread holds `on_stall` (a closure over the trainer, its model and optimizer): after
+    `stop()` the thread is gone, not merely asked to go, so that a finished trainer is freed at once
+    (CI once counted a live model after a run while a busy machine had not yet scheduled it)."""
+    import weakref
+
+    from trainer.monitor import StallWatchdog
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    dog = StallWatchdog(60.0, lambda idle, o=owner: None)
+    gone = weakref.ref(owner)
+    del owner
+    dog.stop()
+    assert not dog._thread.is_alive()
+    del dog
+    assert gone() is None
+
+
 def test_disk_full_during_checkpoint_keeps_previous_state_and_reports(tmp_path: Path) -> None:
     """A file-size limit makes the write fail with EFBIG (as a full disk gives ENOSPC): the
     save is reported, its temporary directory removed, and the previous checkpoint still resumes."""
