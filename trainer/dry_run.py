@@ -56,32 +56,27 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from validation.errors import DryRunFailed, TrainingError
+from validation.plan.common import GIB, MIB
+from validation.plan.memory import (
+    ALLOCATOR_FRAGMENTATION,
+    CATEGORIES,
+    CPU_PROCESS_BYTES,
+    CUDA_CONTEXT_BYTES,
+    KERNEL_WORKSPACE_BYTES,
+    NCCL_BUFFER_BYTES,
+)
 
 if TYPE_CHECKING:
     from validation.spec import ExperimentSpec
-
-GIB = 2**30
-MIB = 2**20
 
 AGREEMENT = 0.15
 """Analytic and tracked totals must agree within this fraction of the tracked one."""
 MAX_MICRO_BATCHES = 2
 """Micro-batches simulated per step: the first (no gradient sync) and the last (sync) differ."""
 
-# What the tracker cannot see (it counts tensors torch allocates, nothing else). Per device.
-CUDA_CONTEXT_BYTES = 512 * MIB
-"""CUDA context and library handles: ~500 MiB on an H100 (nvidia-smi with an empty torch process)."""
-NCCL_BUFFER_BYTES = 512 * MIB
-"""NCCL's communicator buffers (NCCL_BUFFSIZE 4 MiB x channels x peers, per process group); only with world > 1."""
-KERNEL_WORKSPACE_BYTES = 256 * MIB
-"""cuBLAS workspaces (32 MiB per stream and handle on Hopper) and attention kernels' scratch."""
-ALLOCATOR_FRAGMENTATION = 0.05
-"""Caching allocator's reserve over the allocated peak (expandable segments; 10-15 % without)."""
-CPU_PROCESS_BYTES = GIB // 2
-"""A CPU process: interpreter, torch and gloo (replaces the GPU constants when gpus_per_node is 0)."""
-
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "logits_temporaries", "overhead")
-"""The plan's memory categories (`MemoryEstimate.by_category`), which the tracked peak is split into."""
+# What the tracker cannot see (it counts tensors torch allocates, nothing else), per device, and
+# the plan's categories the tracked peak is split into: the memory model's own constants
+# (validation/plan/memory.py), imported above, so the plan and its dry run share one copy.
 CATEGORY_OF: dict[str, str] = {
     # FSDPMemTracker (_FSDPRefType values) and MemTracker (_MemRefType values).
     "Sharded Param": "parameters", "Unsharded Param": "parameters", "All Gather": "parameters",

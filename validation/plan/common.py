@@ -9,6 +9,7 @@ from validation.errors import Issue, SpecError
 from validation.spec import ResourceSpec
 
 GIB = 2**30
+MIB = 2**20
 
 Locator = Callable[[str], tuple[str, int, int]]
 """Maps a dotted spec field (e.g. `resource.gpu_memory_gb`) to (file, line, col) of its YAML node."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from validation.plan.common import GIB
+from validation.plan.common import GIB, MIB
 from validation.spec import ExperimentSpec, ParallelLayout
 
 
@@ -183,21 +183,33 @@ def checkpointed_blocks(num_blocks: int, mode: str) -> list[int]:
     return []
 
 
-# CUDA context, NCCL buffers and allocator slack per GPU; interpreter, torch and gloo
-# buffers per CPU process. On a GPU the same constants the dry run adds for what its tracker
-# cannot see (trainer/dry_run.py: CUDA context 512 MiB, NCCL 512 MiB, kernels' workspaces
-# 256 MiB, and the caching allocator's reserve, `ALLOCATOR_FRAGMENTATION` of the peak), so that
-# a plan and its dry run refuse the same layouts.
-FRAMEWORK_OVERHEAD_BYTES_GPU = GIB + GIB // 4
+# What a device holds besides the tensors torch allocates, per device: the plan's overhead, and
+# what the dry run (trainer/dry_run.py) adds for what its memory tracker cannot see. One home,
+# so that a plan and its dry run refuse the same layouts.
+CUDA_CONTEXT_BYTES = 512 * MIB
+"""CUDA context and library handles: ~500 MiB on an H100 (nvidia-smi with an empty torch process)."""
+NCCL_BUFFER_BYTES = 512 * MIB
+"""NCCL's communicator buffers (NCCL_BUFFSIZE 4 MiB x channels x peers, per process group); only with world > 1."""
+KERNEL_WORKSPACE_BYTES = 256 * MIB
+"""cuBLAS workspaces (32 MiB per stream and handle on Hopper) and attention kernels' scratch."""
 ALLOCATOR_FRAGMENTATION = 0.05
-FRAMEWORK_OVERHEAD_BYTES_CPU = GIB // 2
+"""Caching allocator's reserve over the allocated peak (expandable segments; 10-15 % without)."""
+CPU_PROCESS_BYTES = GIB // 2
+"""A CPU process: interpreter, torch and gloo (replaces the GPU constants when gpus_per_node is 0)."""
+
+FRAMEWORK_OVERHEAD_BYTES_GPU = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES + KERNEL_WORKSPACE_BYTES
+"""The plan's overhead per GPU (1.25 GiB), plus `ALLOCATOR_FRAGMENTATION` of its peak. NCCL's
+buffers are counted whatever the world size (the dry run counts them with world > 1 only)."""
+FRAMEWORK_OVERHEAD_BYTES_CPU = CPU_PROCESS_BYTES
+"""The plan's overhead per CPU process."""
 
 # Below this free share a layout "fits" but a warning says fragmentation may still OOM.
 LOW_HEADROOM_PCT = 10.0
 
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "logits_temporaries", "overhead")
-"""The keys of `MemoryEstimate.by_category()`, in the order a memory tracker lists them."""
+"""The keys of `MemoryEstimate.by_category()`, in the order a memory tracker lists them; the dry
+run splits its tracked peak into the same ones (trainer/dry_run.py, `CATEGORY_OF`)."""
 
 
 @dataclass(frozen=True)
