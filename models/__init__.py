@@ -206,7 +206,7 @@ class Architecture(PluginSection):
     def activation_bytes_whole_under_tp(self, seq_len: int, micro_batch: int, element_bytes: float) -> float:
         """Bytes of `activation_bytes_per_layer` that tensor parallelism leaves whole on every TP
         rank beyond the decoder's own norm inputs and residuals, which the planner counts for
-        every architecture (validation/plan/memory.py, `ACTIVATION_UNSPLIT_BY_TP`): e.g. a
+        every architecture (validation/plan/memory.py, `ACTIVATION_UNSPLIT_BYTES_BY_TP`): e.g. a
         mixture of experts' routed copies of the tokens. Optional; 0 by default."""
         return 0.0
 

@@ -28,7 +28,6 @@ from validation.plan import (
     SMALL_TIER_APPROVALS,
     SMALL_TIER_MAX_GPU_HOURS,
     STATE_BYTES,
-    activation_bytes_per_layer,
     approval_tier,
     estimate_compute,
     estimate_memory,
@@ -126,15 +125,6 @@ def test_state_bytes_are_sixteen_per_parameter_for_every_precision():
     assert {name: sb.total for name, sb in STATE_BYTES.items()} == {"bf16": 16, "fp16": 16, "fp32": 16}
 
 
-def test_activation_formula_matches_the_papers_form():
-    # s*b*h*(34 + 5*a*s/h) with s=128, b=8, h=64, a=4: 65536 * (34 + 40) = 4,849,664 bytes.
-    assert activation_bytes_per_layer(128, 8, 64, 4) == 4_849_664
-    s, b, h, a = 2048, 3, 4096, 32
-    assert activation_bytes_per_layer(s, b, h, a) == pytest.approx(s * b * h * (34 + 5 * a * s / h))
-    # Without the stored attention scores only the 34*s*b*h term is left.
-    assert activation_bytes_per_layer(128, 8, 64, 4, store_attention_scores=False) == 34 * 128 * 8 * 64
-
-
 def test_tiny_cpu_memory_by_hand():
     spec = tiny_cpu_spec()
     memory = estimate_memory(spec, ParallelLayout(dp=2))
@@ -170,6 +160,22 @@ def test_tiny_cpu_memory_by_hand():
     assert memory.capacity_bytes == 16 * GIB
     assert memory.fits
     assert memory.headroom_pct == pytest.approx(100 * (16 * GIB - total) / (16 * GIB))
+
+
+def test_the_plan_and_the_dry_run_count_one_copy_of_the_framework_overhead():
+    import trainer.dry_run as dry_run  # torch-free at import: torch loads inside dry_run()
+    from validation.plan import memory as model
+
+    # Per GPU: the CUDA context (512 MiB), NCCL's buffers (512 MiB) and the kernels' workspaces
+    # (256 MiB) are the plan's 1.25 GiB; per CPU process 512 MiB.
+    assert FRAMEWORK_OVERHEAD_BYTES_GPU == 512 * 2**20 + 512 * 2**20 + 256 * 2**20 == GIB + GIB // 4
+    assert FRAMEWORK_OVERHEAD_BYTES_CPU == model.CPU_PROCESS_BYTES == GIB // 2
+    # The dry run adds the same constants for what its tracker cannot see, and splits its peak
+    # into the plan's categories: the very objects, not a restatement.
+    for name in ("CUDA_CONTEXT_BYTES", "NCCL_BUFFER_BYTES", "KERNEL_WORKSPACE_BYTES", "CPU_PROCESS_BYTES",
+                 "ALLOCATOR_FRAGMENTATION", "CATEGORIES"):
+        assert getattr(dry_run, name) is getattr(model, name), name
+    assert set(dry_run.CATEGORY_OF.values()) < set(model.CATEGORIES)
 
 
 def test_eager_attention_stores_the_score_matrices():

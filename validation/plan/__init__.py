@@ -46,10 +46,7 @@ from validation.plan.layout import MAX_SUGGESTED_NODES, ParallelPlan, plan_paral
 from validation.plan.memory import (
     ACTIVATION_ELEMENT_BYTES,
     ACTIVATION_ELEMENT_BYTES_FSDP_CAST,
-    ACTIVATION_PRECISION_FACTOR,
-    ACTIVATION_UNSPLIT_BY_TP,
     ACTIVATION_UNSPLIT_BYTES_BY_TP,
-    ATTENTION_SCORES_STORED,
     CATEGORIES,
     COMPUTE_COPY_BYTES,
     DDP_GRADIENT_BUCKET_COPIES,
@@ -64,7 +61,6 @@ from validation.plan.memory import (
     ElementBytes,
     MemoryEstimate,
     StateBytes,
-    activation_bytes_per_layer,
     checkpointed_blocks,
     estimate_memory,
     fsdp_shard_degree,
@@ -80,13 +76,13 @@ from validation.plan.tier import (
 )
 
 __all__ = [
-    "ACTIVATION_ELEMENT_BYTES", "ACTIVATION_ELEMENT_BYTES_FSDP_CAST", "ACTIVATION_PRECISION_FACTOR", "ACTIVATION_UNSPLIT_BY_TP", "ACTIVATION_UNSPLIT_BYTES_BY_TP",
-    "ATTENTION_SCORES_STORED", "DDP_GRADIENT_BUCKET_COPIES", "DENSE_MASK_BYTES", "ElementBytes", "ESTIMATE_THREADS_PER_CPU_PROCESS",
+    "ACTIVATION_ELEMENT_BYTES", "ACTIVATION_ELEMENT_BYTES_FSDP_CAST", "ACTIVATION_UNSPLIT_BYTES_BY_TP",
+    "DDP_GRADIENT_BUCKET_COPIES", "DENSE_MASK_BYTES", "ElementBytes", "ESTIMATE_THREADS_PER_CPU_PROCESS",
     "FRAMEWORK_OVERHEAD_BYTES_CPU", "FRAMEWORK_OVERHEAD_BYTES_GPU", "FSDP_PREFETCHED_LAYERS", "GIB",
     "LARGE_TIER_APPROVALS", "LOGIT_BYTES_PER_ELEMENT", "LOW_HEADROOM_PCT", "MAX_SUGGESTED_NODES", "SMALL_TIER_APPROVALS", "SMALL_TIER_MAX_GPU_HOURS", "STATE_BYTES",
     "ComputeEstimate", "Locator", "MemoryEstimate", "ParallelPlan", "Plan", "StateBytes", "Tier",
     "CATEGORIES", "COMPUTE_COPY_BYTES", "SELECTIVE_EVERY", "checkpointed_blocks", "fsdp_shard_degree",
-    "activation_bytes_per_layer", "approval_tier", "downstream_budget", "estimate_compute",
+    "approval_tier", "downstream_budget", "estimate_compute",
     "estimate_memory", "format_bytes", "format_count", "format_duration", "make_plan", "no_location",
     "plan_parallel", "render_plan_markdown", "render_plan_text", "state_bytes",
 ]

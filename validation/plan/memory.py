@@ -61,11 +61,6 @@ COMPUTE_COPY_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 0}
 # `parallel.reduce_dtype: fp32` (the default) under bf16/fp16.
 FP32_REDUCE_BYTES = 4
 
-# Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
-# Models", §4.1) count activations in 16-bit (plus 1-byte dropout masks): per layer
-# s*b*h*(34 + 5*a*s/h) bytes. In fp32 every stored tensor doubles; 2x is a slight
-# overestimate (the masks stay 1 byte), which is the safe side.
-ACTIVATION_PRECISION_FACTOR: dict[str, int] = {"bf16": 1, "fp16": 1, "fp32": 2}
 # Bytes of one saved activation element: the architectures declare their saved tensors in
 # elements (models/<model_type>.py, `activation_bytes_per_layer`). Under bf16/fp16 autocast
 # (plain, DDP) only the matmul outputs are 16-bit: the residual stream, the norms' upcasts and
@@ -105,12 +100,10 @@ class ElementBytes(float):
 # and 13 on GPT-2 small (DDP, autocast's head copy included).
 NON_BLOCK_ACTIVATION_BYTES = 12
 
-# The 5*a*s^2*b term is the attention score matrix (softmax, its dropout mask and
-# output). Fused SDPA kernels (flash / memory-efficient) keep only a log-sum-exp and
-# recompute the scores in the backward pass -- the same effect as the paper's selective
-# recomputation -- so the term is only counted for `attn_implementation: eager` (by the
-# architecture's own `activation_bytes_per_layer`: 6 B per score in 16-bit, 4 B in fp32).
-ATTENTION_SCORES_STORED: dict[str, bool] = {"eager": True, "sdpa": False}
+# The attention score matrix (softmax, its dropout mask and output) is saved only under
+# `attn_implementation: eager`: fused SDPA kernels (flash / memory-efficient) keep a log-sum-exp
+# and recompute the scores in the backward pass. The architecture's own
+# `activation_bytes_per_layer` counts them (6 B per score in 16-bit, 4 B in fp32).
 # Packed documents reach every block as an O(s) description (models/_attention.py): no block
 # keeps an s x s mask of its own. Where the kernel still takes a dense mask (micro batch x s^2
 # elements in the compute dtype) there is one at a time: a GPU in fp32 (memory-efficient
@@ -148,12 +141,12 @@ FSDP_PREFETCHED_LAYERS = 1
 
 # Tensor parallelism as the trainer executes it (trainer/parallel.py: Megatron column/row-wise
 # linears in the decoder layers only, no sequence parallelism, logits gathered on every rank):
-# the embedding and LM head are not split over tp (FSDP still shards them over dp); of
-# Korthikanti's 34 bytes per s*b*h, 10 stay replicated (norm inputs, residuals, dropout masks)
-# and 24 are split over tp (paper, Table 2, "tensor parallel" row); the logits are not split.
+# the embedding and LM head are not split over tp (FSDP still shards them over dp); of the 34
+# bytes per s*b*h of Korthikanti et al. 2022 (§4.1, 16-bit), 10 stay replicated (norm inputs,
+# residuals, dropout masks) and 24 are split over tp (paper, Table 2, "tensor parallel" row);
+# the logits are not split.
 # Measured: bench/bench_parallel_memory.py, FSDP+TP 1x2 (the old sequence-parallel assumption
 # was 0.66 of the measured peak).
-ACTIVATION_UNSPLIT_BY_TP = 10
 # The replicated part in bytes per s*b*h, as the trainer runs it: in 16-bit the dry run measured
 # 18 B on Llama-3-8B at tp 8 (the norms keep their fp32 upcasts: Korthikanti's 10 bytes of
 # 16-bit, 5 elements x 2.35 B, put its blocks 12 % low without checkpointing); in fp32 28 B
@@ -327,19 +320,6 @@ class MemoryEstimate:
         return data
 
 
-def activation_bytes_per_layer(
-    seq_len: int, micro_batch: int, hidden: int, heads: int, *, store_attention_scores: bool = True
-) -> int:
-    """Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) bytes per layer with 16-bit activations.
-
-    Written as s*b*h*34 + 5*a*s^2*b so it stays an exact integer; the second term (the
-    attention scores) is dropped when a fused kernel recomputes them.
-    """
-    s, b, h, a = seq_len, micro_batch, hidden, heads
-    scores = 5 * a * s * s * b if store_attention_scores else 0
-    return 34 * s * b * h + scores
-
-
 def estimate_memory(
     spec: ExperimentSpec,
     layout: ParallelLayout,
@@ -353,7 +333,7 @@ def estimate_memory(
     passes its own). Parameter states (`state_bytes`) are divided by tp (decoder blocks only)
     x pp x the FSDP shard group (dp, or the ranks of one node under HSDP); the wrapper and the
     compute-precision copies are described in the module doc. Activations: the architecture's
-    per-block bytes (tp splits all but `ACTIVATION_UNSPLIT_BY_TP` of Korthikanti's 34), times
+    per-block bytes (tp splits all but `ACTIVATION_UNSPLIT_BYTES_BY_TP` per s*b*h), times
     the blocks of one pipeline stage (checkpointed ones keep their input only), times the
     micro-batches the schedule keeps in flight on the first stage (`pipeline_in_flight`).
     Every category is summed: a bound on the peak, not a trace of it.
@@ -422,7 +402,7 @@ def _memory(spec: ExperimentSpec, dp: int, tp: int, pp: int, fsdp: bool, micro_b
     sharding = tp * pp * shard
     embedding = model.embedding_parameters()
     layers_total = model.block_parameters()
-    # tp splits the decoder layers only (see ACTIVATION_UNSPLIT_BY_TP); pp and FSDP split everything.
+    # tp splits the decoder layers only (see ACTIVATION_UNSPLIT_BYTES_BY_TP); pp and FSDP split everything.
     params_here = -(-(-(-layers_total // tp) + embedding) // (pp * shard))
     copy = COMPUTE_COPY_BYTES[train.precision]
 
