@@ -61,18 +61,25 @@ def parallel_divides_model(spec: ExperimentSpec) -> Iterator[Violation]:
     yield from _pipeline_split(spec, layout)
 
 
+def virtual_stages_per_rank(schedule: str) -> int:
+    """Model chunks one pipeline rank holds under `parallel.pp_schedule`: 2 for interleaved 1F1B
+    (stage k on rank k % pp; Narayanan et al. 2021), 1 for the others. The rule's one home: the
+    layer split below, the plan's bubble and in-flight micro-batches, and the trainer's stages."""
+    return 2 if schedule == "interleaved_1f1b" else 1
+
+
 def _pipeline_split(spec: ExperimentSpec, layout: ParallelLayout) -> Iterator[Violation]:
-    """pp stages (x2 virtual under interleaved 1F1B) cut the layers evenly or by `pp_split`;
+    """pp stages (x `virtual_stages_per_rank`) cut the layers evenly or by `pp_split`;
     the schedule gets enough micro-batches (`train.grad_accum_steps`)."""
     layers, pp = spec.model.num_layers, layout.pp
-    stages = pp * (2 if layout.pp_schedule == "interleaved_1f1b" else 1)
+    stages = pp * virtual_stages_per_rank(layout.pp_schedule)
     if layout.pp_split is not None:
         if len(layout.pp_split) != stages or sum(layout.pp_split) != layers:
             yield Violation(("parallel", "pp_split"),
                             f"pp_split {layout.pp_split} must give {stages} stages summing to model.num_layers "
                             f"({layers})")
     elif layers % stages:
-        what = f"pp={pp}" if stages == pp else f"pp={pp} x 2 interleaved stages = {stages}"
+        what = f"pp={pp}" if stages == pp else f"pp={pp} x {stages // pp} interleaved stages = {stages}"
         yield Violation(("parallel", "pp"), f"{what} must divide model.num_layers ({layers}), "
                                             "or give parallel.pp_split (layers per stage)")
 

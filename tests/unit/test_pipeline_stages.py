@@ -59,6 +59,15 @@ def test_a_split_that_misses_layers_is_refused(tmp_path: Path, monkeypatch: pyte
     assert "parallel.pp_split" in out and "summing to model.num_layers (4)" in out
 
 
+def test_interleaved_stages_count_two_per_rank_in_the_layer_split(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from validation.rules import virtual_stages_per_rank
+
+    assert [virtual_stages_per_rank(s) for s in ("gpipe", "1f1b", "interleaved_1f1b")] == [1, 1, 2]
+    out = _validate(tmp_path, monkeypatch, "{dp: 1, pp: 3, pp_schedule: interleaved_1f1b}")
+    assert "pp=3 x 2 interleaved stages = 6 must divide model.num_layers (4)" in out
+
+
 def test_1f1b_needs_a_micro_batch_per_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = _validate(tmp_path, monkeypatch, "{dp: 1, pp: 2}", ranks=2, accum=1)
     assert "train.grad_accum_steps" in out and "needs at least 2 micro-batches" in out

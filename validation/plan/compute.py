@@ -13,6 +13,7 @@ from validation.flops import (
     matmul_parameters,
 )
 from validation.plan.common import Locator, _raise, no_location
+from validation.rules import virtual_stages_per_rank
 from validation.spec import ExperimentSpec, ParallelLayout
 
 # Peak FLOPS and FLOPs per token live in `validation.flops` (one table, one formula).
@@ -198,12 +199,12 @@ class RunCost:
 
 
 def pipeline_bubble_fraction(pp: int, micro_batches: int, schedule: str = "1f1b") -> float:
-    """Idle share of a step: (pp - 1) / (m + pp - 1) for GPipe and 1F1B; Interleaved 1F1B (2
-    virtual stages per rank, trainer/pipeline_parallel.py) divides the bubble by the virtual stages:
-    (pp - 1) / (v m + pp - 1)."""
+    """Idle share of a step: (pp - 1) / (m + pp - 1) for GPipe and 1F1B; Interleaved 1F1B
+    (`virtual_stages_per_rank`: 2, trainer/pipeline_parallel.py) divides the bubble by the virtual
+    stages: (pp - 1) / (v m + pp - 1)."""
     if pp <= 1:
         return 0.0
-    virtual = 2 if schedule == "interleaved_1f1b" else 1
+    virtual = virtual_stages_per_rank(schedule)
     return (pp - 1) / (virtual * max(1, micro_batches) + pp - 1)
 
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from validation.plan.common import GIB, MIB
+from validation.rules import virtual_stages_per_rank
 from validation.spec import ExperimentSpec, ParallelLayout
 
 
@@ -347,14 +348,15 @@ def estimate_memory(
 def pipeline_in_flight(pp: int, micro_batches: int, schedule: str = "1f1b") -> float:
     """Micro-batches whose activations the first stage holds at its peak, in units of one
     stage's blocks: GPipe all m (every forward before any backward), 1F1B min(pp, m),
-    Interleaved 1F1B (v = 2 virtual stages per rank) (1 + (pp - 1) / (v pp)) x min(pp, m)
+    Interleaved 1F1B (v = `virtual_stages_per_rank`, 2) (1 + (pp - 1) / (v pp)) x min(pp, m)
     (Narayanan et al. 2021). 1 without pipeline stages."""
     if pp <= 1:
         return 1.0
     if schedule == "gpipe":
         return float(micro_batches)
     one_f_one_b = float(min(pp, micro_batches))
-    return one_f_one_b * (1.0 + (pp - 1) / (2 * pp)) if schedule == "interleaved_1f1b" else one_f_one_b
+    virtual = virtual_stages_per_rank(schedule)
+    return one_f_one_b * (1.0 + (pp - 1) / (virtual * pp)) if virtual > 1 else one_f_one_b
 
 
 def parameter_shapes(spec: ExperimentSpec) -> dict[str, tuple[int, ...]]:
