@@ -69,11 +69,10 @@ torch (the execution layer calls these; imports happen inside):
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import pkgutil
+from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -332,9 +331,66 @@ def _where(module_name: str, exc: BaseException) -> tuple[str, int | None]:
     return rel, None
 
 
-def _module_names(package_dir: Path) -> list[str]:
-    return sorted(info.name for info in pkgutil.iter_modules([str(package_dir)])
-                  if not info.name.startswith("_") and info.name != OPTIMIZERS_PACKAGE)
+PluginKind = Literal["architecture", "optimizer"]
+
+
+@dataclass(frozen=True)
+class PluginPath:
+    """A Python file under models/ as the plug-in rule sees it (`plugin_path`)."""
+
+    path: str
+    """Relative to the repository: `models/x.py`, `models/x/__init__.py`, `models/optimizers/_groups.py`."""
+    folder: str
+    """`models` (architectures) or `models/optimizers` (optimizers)."""
+    kind: PluginKind | None
+    """The folder's kind of plug-in; None for `models/__init__.py`, the contract of both kinds."""
+    name: str | None
+    """The plug-in whose own file or package this is; None for a file every plug-in of `kind`
+    runs (the folder's `__init__.py`, a helper `_x.py`)."""
+
+    @property
+    def root(self) -> str:
+        """The plug-in's own file or package folder (`models/x.py`, `models/x`); a shared file itself."""
+        depth = len(PurePosixPath(self.folder).parts) + 1
+        return "/".join(PurePosixPath(self.path).parts[:depth])
+
+
+def plugin_path(rel: str | Path) -> PluginPath | None:
+    """Which files under models/ are plug-ins: the rule's one home (discovery, `pipeline contract`,
+    the code version of a run). `rel` is a path relative to the repository:
+
+    - `models/<name>.py`, or a `.py` file of the package `models/<name>/`: architecture `<name>`;
+    - the same under `models/optimizers/`: optimizer `<name>`;
+    - a name starting with `_` (the folder's `__init__.py`, a helper `_x.py` or `_x/`): shared by
+      every plug-in of its folder (`models/__init__.py`: of both kinds);
+    - anything else (outside models/, not a `.py` file, a name with a dot, which no import can
+      name): None."""
+    parts = PurePosixPath(Path(rel).as_posix().removeprefix("./")).parts
+    if len(parts) < 2 or parts[0] != MODELS_DIR.name or not parts[-1].endswith(".py"):
+        return None
+    in_optimizers = len(parts) > 2 and parts[1] == OPTIMIZERS_PACKAGE
+    folder = "/".join(parts[:2]) if in_optimizers else parts[0]
+    kind: PluginKind = "optimizer" if in_optimizers else "architecture"
+    stem = parts[2 if in_optimizers else 1].removesuffix(".py")
+    path = "/".join(parts)
+    if stem.startswith("_"):
+        return PluginPath(path, folder, None if path == f"{MODELS_DIR.name}/__init__.py" else kind, None)
+    return None if "." in stem else PluginPath(path, folder, kind, stem)
+
+
+def plugin_paths(models_dir: Path = MODELS_DIR) -> list[PluginPath]:
+    """`plugin_path` over a checkout's models/ (`models_dir`; this package's by default): the
+    top-level `.py` files and packages (a folder with an `__init__.py`, named by it) of models/
+    and models/optimizers/, architectures first, each folder sorted. Helper packages (`_x/`) are
+    not listed (`plugin_path` still counts their files as shared)."""
+    out: list[PluginPath] = []
+    for folder in (models_dir, models_dir / OPTIMIZERS_PACKAGE):
+        for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+            file = entry / "__init__.py" if entry.is_dir() else entry
+            found = plugin_path(file.relative_to(models_dir.parent)) if file.is_file() else None
+            if found is not None and (entry.is_file() or found.name is not None):
+                out.append(found)
+    return out
 
 
 def _load(module_name: str, base: type[PluginSection], key: str, stem: str) -> type[PluginSection]:
@@ -371,11 +427,11 @@ def _discover(package: str) -> tuple[dict[str, type[PluginSection]], dict[str, P
     """(name -> Config class, name -> why it is broken) for every plug-in file of `package`
     ("" for architectures, "optimizers"). A broken file is kept aside, so it fails only the
     experiments that select it (`validation.spec` turns it into their error)."""
-    directory = MODELS_DIR / package if package else MODELS_DIR
     base, key = (OptimizerConfig, "name") if package else (Architecture, "model_type")
+    kind = "optimizer" if package else "architecture"
     found: dict[str, type[PluginSection]] = {}
     broken: dict[str, PluginError] = {}
-    for name in _module_names(directory):
+    for name in sorted(p.name for p in plugin_paths() if p.kind == kind and p.name is not None):
         try:
             found[name] = _load(f"models.{package + '.' if package else ''}{name}", base, key, name)
         except PluginError as exc:
@@ -402,33 +458,6 @@ def broken_architectures() -> dict[str, PluginError]:
 def broken_optimizers() -> dict[str, PluginError]:
     """name -> why models/optimizers/<name>.py cannot be used."""
     return _discover(OPTIMIZERS_PACKAGE)[1]
-
-
-def source_files(model_type: str | None = None, optimizer: str | None = None) -> list[Path]:
-    """The files a run's code version covers: this package's contract and helpers, plus the
-    architecture's and optimizer's own files (not every plug-in: a PR adding an architecture
-    leaves the identity of runs that do not use it unchanged)."""
-    files = sorted(p for p in MODELS_DIR.glob("_*.py")) + [MODELS_DIR / "__init__.py"]
-    opt_dir = MODELS_DIR / OPTIMIZERS_PACKAGE
-    files += sorted(p for p in opt_dir.glob("_*.py"))
-    for stem, base in ((model_type, MODELS_DIR), (optimizer, opt_dir)):
-        if stem is None:
-            continue
-        single = base / f"{stem}.py"
-        package = base / stem
-        if single.is_file():
-            files.append(single)
-        elif package.is_dir():
-            files += sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
-    return [f for f in files if f.is_file()]
-
-
-def source_hash(model_type: str | None = None, optimizer: str | None = None) -> str:
-    """sha256 (16 hex) of `source_files(...)`, names and bytes."""
-    h = hashlib.sha256()
-    for f in source_files(model_type, optimizer):
-        h.update(str(f.relative_to(MODELS_DIR)).encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
 
 
 EXPORT_FILE = "export.json"
@@ -467,5 +496,6 @@ def load_weights(model: Any, directory: str | Path, arch: Architecture) -> None:
         model.tie_weights()
 
 
-__all__ = ["EXPORT_FILE", "load_exported", "load_weights", "Architecture", "ExportNote", "OptimizerConfig", "ParamRole", "PluginError", "PluginSection",
-           "TPStyle", "architectures", "broken_architectures", "broken_optimizers", "optimizer_configs", "source_files", "source_hash"]
+__all__ = ["EXPORT_FILE", "load_exported", "load_weights", "Architecture", "ExportNote", "OptimizerConfig", "ParamRole", "PluginError", "PluginKind", "PluginPath",
+           "PluginSection", "TPStyle", "architectures", "broken_architectures", "broken_optimizers", "optimizer_configs",
+           "plugin_path", "plugin_paths"]

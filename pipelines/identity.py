@@ -26,6 +26,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from models import plugin_paths
+
 # Paths whose content can change what a run trains or how it is evaluated (besides the
 # files of models/ the run uses: `model_paths`).
 CODE_PATHS = ("trainer", "validation", "pyproject.toml")
@@ -36,17 +38,11 @@ def model_paths(repo: Path, model_type: str | None, optimizer: str | None) -> tu
     the package's contract and helpers (`__init__.py`, `_*.py`) and the two plug-ins' own
     files (or folders). Not the other plug-ins."""
     out: list[str] = []
+    found = plugin_paths(repo / "models")
     for folder, stem in (("models", model_type), ("models/optimizers", optimizer)):
-        base = repo / folder
-        if not base.is_dir():
-            continue
-        out += sorted(f"{folder}/{p.name}" for p in base.glob("*.py") if p.name == "__init__.py" or p.name.startswith("_"))
-        if stem is None:
-            continue
-        if (base / f"{stem}.py").is_file():
-            out.append(f"{folder}/{stem}.py")
-        elif (base / stem).is_dir():
-            out.append(f"{folder}/{stem}")
+        here = [p for p in found if p.folder == folder]
+        out += sorted(p.path for p in here if p.name is None)
+        out += [p.root for p in here if stem is not None and p.name == stem]
     return tuple(out)
 
 

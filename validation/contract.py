@@ -17,13 +17,11 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+
+from models import PluginKind, plugin_path, plugin_paths
 
 HEAVY_MODULES = ("torch", "transformers", "accelerate")
 """What a plug-in's top level must not import (each costs seconds on a GitHub runner)."""
-
-PluginKind = Literal["architecture", "optimizer"]
-
 
 @dataclass(frozen=True)
 class ContractFailure:
@@ -58,19 +56,10 @@ class Plugin:
 
 
 def all_plugins(repo: Path) -> list[Plugin]:
-    """Every architecture and optimizer file under `repo`/models (helpers `_*` excluded)."""
-    out: list[Plugin] = []
-    for kind, folder in (("architecture", "models"), ("optimizer", "models/optimizers")):
-        base = repo / folder
-        for entry in sorted(base.iterdir()) if base.is_dir() else []:
-            name = entry.stem if entry.suffix == ".py" else entry.name
-            if name.startswith("_") or name == "optimizers" or entry.name == "__pycache__":
-                continue
-            if entry.suffix == ".py":
-                out.append(Plugin(kind, name, f"{folder}/{entry.name}"))  # type: ignore[arg-type]
-            elif (entry / "__init__.py").is_file():
-                out.append(Plugin(kind, name, f"{folder}/{name}/__init__.py"))  # type: ignore[arg-type]
-    return out
+    """Every architecture and optimizer file under `repo`/models (`models.plugin_paths`: helpers
+    `_*` are not plug-ins)."""
+    return [Plugin(p.kind, p.name, p.path) for p in plugin_paths(repo / "models")
+            if p.kind is not None and p.name is not None]
 
 
 def plugins_touched(paths: list[str], repo: Path) -> list[Plugin]:
@@ -81,20 +70,10 @@ def plugins_touched(paths: list[str], repo: Path) -> list[Plugin]:
     plugins = all_plugins(repo)
     wanted: set[Plugin] = set()
     for raw in paths:
-        rel = Path(raw).as_posix().removeprefix("./")
-        parts = rel.split("/")
-        if parts[0] != "models" or not rel.endswith(".py"):
+        found = plugin_path(raw)  # by name, so a deleted helper still calls for its folder's plug-ins
+        if found is None:
             continue
-        if parts == ["models", "__init__.py"]:
-            wanted.update(plugins)
-            continue
-        in_optimizers = len(parts) > 2 and parts[1] == "optimizers"
-        stem = parts[2 if in_optimizers else 1].removesuffix(".py")
-        kind = "optimizer" if in_optimizers else "architecture"
-        if stem.startswith("_"):  # a helper (or optimizers/__init__.py): every plug-in of its folder
-            wanted.update(p for p in plugins if p.kind == kind)
-            continue
-        wanted.update(p for p in plugins if p.kind == kind and p.name == stem)
+        wanted.update(p for p in plugins if found.kind in (None, p.kind) and found.name in (None, p.name))
     return [p for p in plugins if p in wanted]
 
 

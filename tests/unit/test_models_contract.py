@@ -30,6 +30,33 @@ def test_the_shipped_architectures_and_optimizers_are_discovered():
     assert {"adamw", "muon", "adafactor", "sgd"} <= set(OPTIMIZERS)
 
 
+def test_one_rule_says_which_files_under_models_are_plugins(tmp_path):
+    """Discovery, `pipeline contract` and a run's code version read `models.plugin_paths`."""
+    from pipelines.identity import model_paths
+    from validation.contract import all_plugins, plugins_touched
+
+    for rel in ("__init__.py", "_helper.py", "flat.py", "pkg/__init__.py", "pkg/layers.py", "not_a_package/x.py",
+                "README.md", "optimizers/__init__.py", "optimizers/_groups.py", "optimizers/sgdish.py"):
+        (tmp_path / "models" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "models" / rel).write_text("")
+    assert [(p.path, p.kind, p.name) for p in models.plugin_paths(tmp_path / "models")] == [
+        ("models/__init__.py", None, None), ("models/_helper.py", "architecture", None),
+        ("models/flat.py", "architecture", "flat"), ("models/pkg/__init__.py", "architecture", "pkg"),
+        ("models/optimizers/__init__.py", "optimizer", None), ("models/optimizers/_groups.py", "optimizer", None),
+        ("models/optimizers/sgdish.py", "optimizer", "sgdish")]
+    assert [(p.kind, p.name, p.file) for p in all_plugins(tmp_path)] == [
+        ("architecture", "flat", "models/flat.py"), ("architecture", "pkg", "models/pkg/__init__.py"),
+        ("optimizer", "sgdish", "models/optimizers/sgdish.py")]
+    assert model_paths(tmp_path, "pkg", "sgdish") == (
+        "models/__init__.py", "models/_helper.py", "models/pkg",
+        "models/optimizers/__init__.py", "models/optimizers/_groups.py", "models/optimizers/sgdish.py")
+    # By name, not by what exists: a deleted helper still calls for every plug-in of its folder.
+    assert [p.name for p in plugins_touched(["models/pkg/layers.py"], tmp_path)] == ["pkg"]
+    assert [p.name for p in plugins_touched(["models/_deleted.py"], tmp_path)] == ["flat", "pkg"]
+    assert [p.name for p in plugins_touched(["models/__init__.py"], tmp_path)] == ["flat", "pkg", "sgdish"]
+    assert plugins_touched(["models/not_a_package/x.py", "models/README.md"], tmp_path) == []
+
+
 @pytest.mark.parametrize("model_type", ARCHS)
 def test_parameter_count_equals_the_meta_device_build(model_type: str):
     from trainer.measure import parameter_count_on_meta
