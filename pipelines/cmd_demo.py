@@ -106,7 +106,9 @@ def expected_time(plan: Any, baseline_plan: Any) -> tuple[float, str]:
 def run_demo(repo: Path, experiment: str) -> None:
     from rich.console import Console
 
+    from pipelines.launchers.solo import launch_threads
     from pipelines.rundir import runs_root
+    from trainer.calibrate import describe, measure_specs
     from validation.loader import load_spec
     from validation.paths import experiment_file, experiment_names
     from validation.plan import make_plan
@@ -121,13 +123,21 @@ def run_demo(repo: Path, experiment: str) -> None:
     spec = load_spec(spec_path)
     resolved = resolve(spec_path, repo)
     baseline_spec = load_spec(Path(resolved.baseline.file)) if resolved.baseline.file else None
-    plan = make_plan(spec, baseline=baseline_spec)
-    baseline_plan = make_plan(baseline_spec) if baseline_spec is not None else None
-    expected, how = expected_time(plan, baseline_plan)
     log_path = runs_root(repo) / "logs" / f"demo-{time.strftime('%Y%m%dT%H%M%S')}.log"
 
     out = Console(stderr=True, highlight=False)
     out.rule(f"pipeline demo: {experiment}")
+    # A CPU's speed is this machine's now, not a catalogue's: the plan, the expected time and the
+    # cost each run records at launch are priced from one measurement (validation.plan.cpu_speed).
+    out.print("measuring    this machine's CPU speed: a few training steps of the experiment's model ...")
+    with captured(log_path) as _:
+        layout = spec.parallel_layout()
+        measured = tuple(measure_specs([s for s in (spec, baseline_spec) if s is not None],
+                                       launch_threads(world=layout.dp * layout.tp * layout.pp)))
+    out.print(f"measured     {describe(measured) or 'nothing to measure (the specs state their utilisation)'}")
+    plan = make_plan(spec, baseline=baseline_spec, measured_cpu=measured)
+    baseline_plan = make_plan(baseline_spec, measured_cpu=measured) if baseline_spec is not None else None
+    expected, how = expected_time(plan, baseline_plan)
     out.print(f"expected     about {minutes(expected)}: {how}")
     out.print(f"library output (MLflow, lm-eval, progress bars, warnings) goes to {_shown(log_path, repo)}")
     report_dir: Path | None = None
@@ -135,7 +145,7 @@ def run_demo(repo: Path, experiment: str) -> None:
     try:
         with captured(log_path) as terminal:
             console = Console(file=terminal, highlight=False)
-            report_dir, tracking_uri = _run(repo, experiment, spec_path, plan, console)
+            report_dir, tracking_uri = _run(repo, experiment, spec_path, plan, console, measured)
     except BaseException:
         out.print(f"[red]stopped[/] after {minutes(time.time() - started)}; what the libraries printed is in "
                   f"{_shown(log_path, repo)}")
@@ -148,8 +158,8 @@ def run_demo(repo: Path, experiment: str) -> None:
     out.rule("next steps")
     for line in next_steps(repo, experiment, report_dir, log_path, tracking_uri):
         out.print(line, markup=False)
-    out.print(f"\ndemo took {minutes(took)} (expected about {minutes(expected)}; the plan's CPU utilisation was "
-              "measured on 2 busy cores, so an idle machine is faster)")
+    out.print(f"\ndemo took {minutes(took)} (expected about {minutes(expected)}, from this machine's speed when it "
+              "started: other work on the machine since then makes it slower)")
 
 
 def _shown(path: Path, repo: Path) -> str:
@@ -159,7 +169,8 @@ def _shown(path: Path, repo: Path) -> str:
         return str(path)
 
 
-def _run(repo: Path, experiment: str, spec_path: Path, plan: Any, console: Any) -> tuple[Path | None, str]:
+def _run(repo: Path, experiment: str, spec_path: Path, plan: Any, console: Any,
+         measured: tuple[Any, ...]) -> tuple[Path | None, str]:
     """Steps 1-3 (their output on `console`, everything else in the log): the report directory
     and the tracking URI."""
     from pipelines.dataprep.demo_corpus import build_demo_corpus
@@ -186,7 +197,7 @@ def _run(repo: Path, experiment: str, spec_path: Path, plan: Any, console: Any) 
 
     console.rule(f"3. /train {experiment}: baseline and candidate, then the report")
     trainings = plan.seeds + (plan.cost.baseline_runs if plan.cost is not None else 0)
-    flow = ExperimentFlow(repo, RunOptions(), RichReporter(console, trainings=trainings))
+    flow = ExperimentFlow(repo, RunOptions(measured_cpu=measured), RichReporter(console, trainings=trainings))
     candidate, _ = flow.run(spec_path)
     return candidate.report_dir, flow.tracking_uri
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -66,6 +66,10 @@ def run(
     continue_from: Annotated[Path | None, typer.Option(
         "--continue-from", help="Continue this run directory's latest valid checkpoint under FILE's layout "
         "(only parallel, resource and the batch split may differ; same global batch, data and code).")] = None,
+    measure_cpu: Annotated[bool, typer.Option(
+        "--measure-cpu", help="Price CPU runs from this machine's speed measured first (~5 s), as `pipeline "
+        "plan --measure` shows it and `pipeline demo` does: the cost each run records at launch, which the "
+        "report compares with what the run used.")] = False,
 ) -> None:
     """Run every stage of an experiment locally: validate, prepare, check, smoke, train, evaluate, report.
 
@@ -76,8 +80,10 @@ def run(
 
     if not file.is_file():
         raise fail(UsageError(f"{file}: no such experiment file"))
+    measured = _measured(file) if measure_cpu else ()
     options = RunOptions(launcher=launcher, pr=pr, sha=sha, smoke=not no_smoke, force=force,
-                         run_baseline=not no_baseline, tracking_uri=tracking_uri, continue_from=_run_dir(continue_from))
+                         run_baseline=not no_baseline, tracking_uri=tracking_uri, continue_from=_run_dir(continue_from),
+                         measured_cpu=measured)
     reporter = RichReporter()
     flow = ExperimentFlow(_repo(file), options, reporter)
     _sigterm_as_interrupt()
@@ -92,6 +98,24 @@ def run(
     reporter.console.rule("summary")
     for line in summary_lines(candidate, baseline, flow.tracking_uri):
         typer.echo(line)
+
+
+def _measured(file: Path) -> tuple[Any, ...]:
+    """This machine's speed on `file`'s spec and its baseline's (`pipeline plan --measure`'s)."""
+    from pipelines.cmd_validate import measure_cpu_for
+    from trainer.calibrate import describe
+    from validation.loader import load_spec
+    from validation.resolved import resolve
+
+    try:
+        spec = load_spec(file)
+        resolved = resolve(file, _repo(file))
+        baseline = load_spec(Path(resolved.baseline.file)) if resolved.baseline.file else None
+    except PipelineError as exc:
+        raise fail(exc) from None
+    measured = measure_cpu_for([spec, baseline])
+    typer.echo(f"measured this machine: {describe(list(measured)) or 'nothing to measure (no CPU spec)'}", err=True)
+    return measured
 
 
 def train(

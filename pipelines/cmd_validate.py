@@ -155,6 +155,11 @@ def plan(
         bool, typer.Option("--resolved", help="Also print the resolved spec (every field with its default, "
                            "about 140 lines); `--format json` always has it.")
     ] = False,
+    measure: Annotated[
+        bool, typer.Option("--measure", help="Price a CPU run from this machine's speed, measured now (a few "
+                           "training steps of the model, ~5 s): what `pipeline demo` and `pipeline run "
+                           "--measure-cpu` record. Without it a CPU run is priced at the recorded utilisation.")
+    ] = False,
 ) -> None:
     """The decision first: layout, memory, time for every run, cost, the effect the seeds can detect,
     reuse, passes over the data, evaluation points; then changes vs the baseline and the estimate."""
@@ -175,8 +180,9 @@ def plan(
     reference, reference_note = _reference_for(resolved, loaded)
     changes = diff_specs(reference.resolved_dict(), spec.resolved_dict()) if reference else []
     baseline_spec = reference if reference is not None and reference.name == resolved.baseline.name else None
-    preflight, preflight_text, preflight_note, plan_obj = _preflight(spec, loaded, baseline_spec)
-    decision = _decision(spec, resolved, plan_obj, baseline_spec, Path(resolved.repo_root)) \
+    measured = measure_cpu_for([spec, baseline_spec]) if measure else ()
+    preflight, preflight_text, preflight_note, plan_obj = _preflight(spec, loaded, baseline_spec, measured)
+    decision = _decision(spec, resolved, plan_obj, baseline_spec, Path(resolved.repo_root), measured) \
         if plan_obj is not None else None
     sweep = _sweep_cost(resolved, reference) if spec.sweep is not None and preflight is not None else None
     tier = sweep["tier"] if sweep else (preflight or {}).get("tier")
@@ -297,8 +303,23 @@ def _reference_for(resolved: ResolvedExperiment, loaded: LoadedSpec) -> tuple[Ex
     return None, "no baseline experiment file and no extends base to compare with"
 
 
-def _preflight(spec: ExperimentSpec, loaded: LoadedSpec, baseline: ExperimentSpec | None = None
-               ) -> tuple[dict[str, Any] | None, str | None, str, Any]:
+def measure_cpu_for(specs: list[ExperimentSpec | None]) -> tuple[Any, ...]:
+    """This machine's speed on the CPU specs among `specs` (`trainer.calibrate`), with the threads
+    their training processes get; () when none is priced from a measurement."""
+    from validation.plan.cpu_speed import needs_measurement
+
+    given = [s for s in specs if s is not None and needs_measurement(s)]
+    if not given:
+        return ()
+    from pipelines.launchers.solo import launch_threads  # with torch below: only when asked to measure
+    from trainer.calibrate import measure_specs
+
+    layout = given[0].parallel_layout()
+    return tuple(measure_specs(given, launch_threads(world=layout.dp * layout.tp * layout.pp)))
+
+
+def _preflight(spec: ExperimentSpec, loaded: LoadedSpec, baseline: ExperimentSpec | None = None,
+               measured: tuple[Any, ...] = ()) -> tuple[dict[str, Any] | None, str | None, str, Any]:
     """Run `validation.plan` if it is available; its SpecError (nothing fits) fails the plan.
     `baseline`: the baseline experiment's spec, priced on the same seeds. Returns the plan as
     JSON, its estimate table (the warnings are in the decision above it), a note and the plan."""
@@ -307,7 +328,7 @@ def _preflight(spec: ExperimentSpec, loaded: LoadedSpec, baseline: ExperimentSpe
     except ImportError as exc:
         return None, None, f"not available ({exc})", None
     try:
-        result = make_plan(spec, locate=loaded.locate, baseline=baseline)
+        result = make_plan(spec, locate=loaded.locate, baseline=baseline, measured_cpu=measured)
     except SpecError as exc:
         raise fail_issues(exc.issues) from None
     text = render_plan_text(result, title="estimate (how the figures above are made)", warnings=False)
@@ -455,7 +476,7 @@ def schema(
 
 
 def _decision(spec: ExperimentSpec, resolved: ResolvedExperiment, plan_obj: Any,
-              baseline: ExperimentSpec | None, repo: Path) -> Any:
+              baseline: ExperimentSpec | None, repo: Path, measured: tuple[Any, ...] = ()) -> Any:
     """`validation.plan.decision.Decision` for `plan_obj`: the figures the spec alone gives, plus
     what the disk knows (finished runs, the prepared data) and `reports.verdict`'s power."""
     from validation.plan import make_plan
@@ -466,7 +487,7 @@ def _decision(spec: ExperimentSpec, resolved: ResolvedExperiment, plan_obj: Any,
     base_runs = cost.baseline_runs if cost is not None else 0
     base_wall = 0.0
     if base_runs and baseline is not None:
-        base_wall = make_plan(baseline).compute.wall_seconds
+        base_wall = make_plan(baseline, measured_cpu=measured).compute.wall_seconds
     total = len(seeds) * compute.wall_seconds + base_runs * base_wall
     steps = eval_steps(compute.steps, spec.train.eval_interval)
     reuse, reused = _reuse(spec, seeds, baseline if base_runs else None, repo)

@@ -60,6 +60,9 @@ class RunOptions:
     continue_from: Path | None = None
     """A run directory (an experiment's or one seed's) whose checkpoints the candidate continues
     under its own layout (`pipelines.continuation`)."""
+    measured_cpu: tuple[Any, ...] = ()
+    """This machine's speed on the specs' shapes (`validation.plan.cpu_speed.MeasuredCpu`): the
+    plan recorded at launch prices a CPU run from it (`pipeline demo`, `pipeline run --measure-cpu`)."""
 
 
 class Reporter:
@@ -411,7 +414,7 @@ class ExperimentFlow:
                              hypothesis_registered=json.dumps(registered["hypothesis"], sort_keys=True),
                              # The approved plan's cost of this run, recorded at launch for the report
                              # (and as MLflow tags): `spec` as loaded from the file, as the plan priced it.
-                             **launch_estimate(spec),
+                             **launch_estimate(spec, self.options.measured_cpu),
                              **(cont.record() if cont is not None else {})),
         )
         self._resume_planned(spec.name, role, seed, seed_dir, identity)

@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
@@ -323,7 +324,7 @@ ESTIMATE_KEYS = ("estimate_device_hours", "estimate_wall_s", "estimate_mfu")
 `pipeline.<key>` tags, in MLflow)."""
 
 
-def launch_estimate(spec: Any) -> dict[str, float]:
+def launch_estimate(spec: Any, measured_cpu: Sequence[Any] = ()) -> dict[str, float]:
     """The plan's estimate for one run of `spec`, to record when the run is launched.
 
     `spec` must be the `ExperimentSpec` as loaded from the experiment file (what `pipeline plan`
@@ -331,11 +332,12 @@ def launch_estimate(spec: Any) -> dict[str, float]:
     does not set `resource.assumed_mfu` is planned at the measured CPU utilisation), and a spec
     dumped to JSON and read back has every field set. Re-planning a run's `spec.resolved.json`
     afterwards is what priced the demo at 0.35 MFU and called a run that used 83 % of its plan
-    "782 % of the estimate"; the report reads this record instead. Empty when it cannot be planned."""
+    "782 % of the estimate"; the report reads this record instead. `measured_cpu`: this machine's
+    speed as the approved plan took it (`validation.plan.cpu_speed`). Empty when it cannot be planned."""
     try:
         from validation.plan import make_plan
 
-        compute = make_plan(spec).compute
+        compute = make_plan(spec, measured_cpu=measured_cpu).compute
     except (PipelineError, ValueError, ImportError, KeyError, TypeError, AttributeError):
         return {}  # optional context: the report then says no plan was recorded
     return {"estimate_device_hours": round(compute.device_hours, 6), "estimate_wall_s": round(compute.wall_seconds, 1),

@@ -40,6 +40,8 @@ decisions of its own. Modules:
               sharded by `parallel` over a fake process group, one step under torch's memory tracker
   measure     what an architecture declares, measured: parameters on the meta device, FLOPs on
               fake tensors (refusing uncounted ops), saved activations of one block
+  calibrate   this machine's CPU speed now: a few training steps of a spec's own model, what the plan
+              prices a CPU run from (`validation.plan.cpu_speed`; `pipeline demo`, `plan --measure`)
   record      the run record, pure functions: MLflow tags and params, result.json
   runlock     one writer per run directory (a `flock` per rank, `live_ranks`), ranks that die
               with their launcher (parent-death signal)

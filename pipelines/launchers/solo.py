@@ -15,6 +15,7 @@ Run by path, not `-m`: starting it imports nothing of the repository.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -34,6 +35,12 @@ def one_process_env(env: Mapping[str, str], use_gpu: bool) -> dict[str, str]:
             "ACCELERATE_DYNAMO_USE_DYNAMIC": "False", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False"}
     out["OMP_NUM_THREADS"] = str(_threads(env, cpu))
     return out
+
+
+def launch_threads(env: Mapping[str, str] | None = None, world: int = 1) -> int:
+    """The threads one CPU training process of a `world`-process job gets on this machine: one
+    each when several share it (commands.py), else what `_threads` gives the single process."""
+    return 1 if world > 1 else _threads(os.environ if env is None else env, True)
 
 
 def _threads(env: Mapping[str, str], cpu: bool) -> int:

@@ -11,6 +11,7 @@ and the PR check can answer in milliseconds. One module per concern:
   gradients, optimizer state, activations, logits, wrapper, overhead) vs
   `resource.gpu_memory_gb`.
 - `compute`: `estimate_compute(spec, layout)`, FLOPs, GPU-hours at an assumed MFU, wall time.
+- `cpu_speed`: a CPU run priced from this machine's speed measured now (`MeasuredCpu`).
 - `tier`: `approval_tier(compute, resource)`, how many approvals the run needs, or refused.
 - `assemble`: `make_plan(spec)` combines them.
 - `decision`: the decision a researcher takes from a plan, first (layout, memory, time for

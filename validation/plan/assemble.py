@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from validation.capability import TRAINER, ExecutionCapability
 from validation.plan.common import Locator, format_duration, no_location
 from validation.plan.compute import ComputeEstimate, RunCost, estimate_compute
+from validation.plan.cpu_speed import MeasuredCpu
 from validation.plan.layout import ParallelPlan, plan_parallel
 from validation.plan.memory import LOW_HEADROOM_PCT, MemoryEstimate
 from validation.plan.tier import Tier, approval_tier
@@ -71,16 +73,19 @@ def make_plan(
     locate: Locator = no_location,
     capability: ExecutionCapability = TRAINER,
     baseline: ExperimentSpec | None = None,
+    measured_cpu: Sequence[MeasuredCpu] = (),
 ) -> Plan:
     """Layout, memory, compute and tier for one spec; raises `SpecError` if no layout fits.
 
     `compute` is one run; `cost` and `tier` count every run the plan trains: `hypothesis.seeds`
     runs, and `baseline` (the spec of `hypothesis.baseline` when it is another experiment) on
-    the same seeds. Without it a named baseline is not priced and the cost says so."""
+    the same seeds. Without it a named baseline is not priced and the cost says so.
+    `measured_cpu`: this machine's speed on the specs' shapes (`validation.plan.cpu_speed`),
+    pricing a CPU spec instead of the recorded utilisation (the demo, `pipeline run`, `--measure`)."""
     parallel = plan_parallel(spec, locate=locate, capability=capability)
     compute = estimate_compute(spec, parallel.layout(), locate=locate, global_batch=parallel.global_batch,
-                               grad_accum_steps=parallel.grad_accum_steps)
-    cost = run_cost(spec, compute, baseline, capability=capability)
+                               grad_accum_steps=parallel.grad_accum_steps, measured_cpu=measured_cpu)
+    cost = run_cost(spec, compute, baseline, capability=capability, measured_cpu=measured_cpu)
     tier = approval_tier(compute, spec.resource, device_hours=cost.total_device_hours)
     warnings: list[str] = []
     if parallel.memory.headroom_pct < LOW_HEADROOM_PCT:
@@ -111,7 +116,7 @@ def make_plan(
 
 
 def run_cost(spec: ExperimentSpec, compute: ComputeEstimate, baseline: ExperimentSpec | None, *,
-             capability: ExecutionCapability = TRAINER) -> RunCost:
+             capability: ExecutionCapability = TRAINER, measured_cpu: Sequence[MeasuredCpu] = ()) -> RunCost:
     """Every seed of `spec` and its baseline on the same seeds (the sweep's rule,
     `pipelines.sweep.sweep_cost`, for a plain experiment)."""
     seeds, name = spec.hypothesis.seeds, spec.hypothesis.baseline
@@ -123,7 +128,7 @@ def run_cost(spec: ExperimentSpec, compute: ComputeEstimate, baseline: Experimen
     elif baseline is None or baseline.name != name:
         note = f"{name}: not priced (its spec was not given to the planner)"
     else:
-        per_base = make_plan(baseline, capability=capability).compute.device_hours
+        per_base = make_plan(baseline, capability=capability, measured_cpu=measured_cpu).compute.device_hours
         base_runs = seeds
         note = f"{name} on the same {seeds} seed(s), counted (nothing is spent when its attested runs exist)"
     return RunCost(seeds=seeds, per_run_device_hours=compute.device_hours, baseline_runs=base_runs,

@@ -3,6 +3,7 @@ runs a plan will train cost together (`RunCost`: every seed, the baseline's incl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -12,7 +13,9 @@ from validation.flops import (
     device_peak,
     matmul_parameters,
 )
+from validation.plan import cpu_speed
 from validation.plan.common import Locator, _raise, no_location
+from validation.plan.cpu_speed import MeasuredCpu
 from validation.rules import virtual_stages_per_rank
 from validation.spec import ExperimentSpec, ParallelLayout
 
@@ -63,6 +66,10 @@ class ComputeEstimate:
     matmul_parameters: int = 0
     """The N of 6NT: active parameters that take part in a matmul per token."""
     mfu_source: str = "resource.assumed_mfu"
+    evaluation_flops: float = 0.0
+    """Held-out evaluations' forward passes, when the wall time counts them (a measured CPU)."""
+    fixed_seconds: float = 0.0
+    """Seconds per run that no FLOP accounts for, when the wall time counts them (a measured CPU)."""
 
     @property
     def total_flops(self) -> float:
@@ -92,10 +99,13 @@ class ComputeEstimate:
         return data
 
 
-def utilisation(spec: ExperimentSpec) -> tuple[float, str]:
+def utilisation(spec: ExperimentSpec, measured: MeasuredCpu | None = None) -> tuple[float, str]:
     """The MFU the wall time assumes and where it comes from: `resource.assumed_mfu` when the
-    spec sets it or on GPUs, `CPU_RUN_UTILISATION` for a CPU run that does not."""
+    spec sets it or on GPUs; for a CPU run that does not, this machine's `measured` speed when
+    given (`validation.plan.cpu_speed`), else `CPU_RUN_UTILISATION`."""
     resource = spec.resource
+    if measured is not None and cpu_speed.applies(spec, measured):
+        return measured.loop_utilisation, measured.source()
     if resource.gpus_per_node == 0 and "assumed_mfu" not in resource.model_fields_set:
         return CPU_RUN_UTILISATION, CPU_UTILISATION_SOURCE
     return resource.assumed_mfu, "resource.assumed_mfu"
@@ -108,8 +118,12 @@ def estimate_compute(
     locate: Locator = no_location,
     global_batch: int | None = None,
     grad_accum_steps: int | None = None,
+    measured_cpu: Sequence[MeasuredCpu] = (),
 ) -> ComputeEstimate:
-    """FLOPs of one run and the time/GPU-hours they take at `utilisation(spec)`.
+    """FLOPs of one run and the time/GPU-hours they take at `utilisation(spec, measured_cpu)`.
+    Priced from a measurement of this machine (the one of `measured_cpu` that fits the spec), the wall time
+    also counts the evaluations' forward passes and the run's fixed seconds
+    (`validation.plan.cpu_speed`); the recorded utilisation prices a whole run as it was measured.
 
     FLOPs per token come from `validation.flops.flops_per_token` (the formula the trainer's
     MFU uses; active parameters), the peak from `validation.flops.device_peak`. `global_batch`
@@ -128,7 +142,8 @@ def estimate_compute(
             "set resource.peak_tflops to its dense bf16 TFLOPS",
         )
     peak_tf = peak.flops_per_second(ESTIMATE_THREADS_PER_CPU_PROCESS) / 1e12
-    mfu, mfu_source = utilisation(spec)
+    measured = cpu_speed.pick(spec, measured_cpu)
+    mfu, mfu_source = utilisation(spec, measured)
 
     batch = spec.global_batch(layout.dp) if global_batch is None else global_batch
     accum = spec.train.grad_accum_steps if grad_accum_steps is None else grad_accum_steps
@@ -143,7 +158,11 @@ def estimate_compute(
     attention_flops = attention_flops_per_token(model, spec.data.seq_len) * tokens
     bubble = pipeline_bubble_factor(layout.pp, accum, layout.pp_schedule)
     world = layout.dp * layout.tp * layout.pp
-    wall = (model_flops + attention_flops) / (world * peak_tf * 1e12 * mfu) * bubble
+    evaluation, fixed = 0.0, 0.0
+    if measured is not None:
+        evaluation = cpu_speed.evaluation_flops(spec, (model_flops + attention_flops) / tokens, steps)
+        fixed = measured.fixed_seconds()
+    wall = (model_flops + attention_flops + evaluation) / (world * peak_tf * 1e12 * mfu) * bubble + fixed
     return ComputeEstimate(
         parameters=model.parameter_count(),
         steps=steps,
@@ -163,6 +182,8 @@ def estimate_compute(
         active_parameters=model.active_parameter_count(),
         matmul_parameters=n,
         mfu_source=mfu_source,
+        evaluation_flops=evaluation,
+        fixed_seconds=fixed,
     )
 
 

@@ -1,0 +1,102 @@
+"""A CPU run priced from this machine's speed measured now (issue 37: the demo's cost within 20 %
+of its plan). The recorded utilisation (0.037, measured on two busy cores) priced an idle demo
+run at 155 s where it took 14 s: the reviewer read "9 % of the approved plan". With a measurement
+the plan, the demo's expected time and the cost each run records at launch are one figure.
+
+The measurement itself (`trainer.calibrate`, real steps of the real model) is exercised in
+tests/integration/test_cpu_calibrate.py; here it is a given `MeasuredCpu`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from validation.loader import load_spec
+from validation.plan import make_plan
+from validation.plan.cpu_speed import RUN_FIXED_SECONDS, MeasuredCpu, evaluation_flops, shape_key
+from validation.spec import ExperimentSpec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _spec(name: str) -> ExperimentSpec:
+    return load_spec(REPO / "experiments" / f"{name}.yaml")
+
+
+def _measured(spec: ExperimentSpec, utilisation: float = 0.85) -> MeasuredCpu:
+    return MeasuredCpu(utilisation, 18_000.0, 2, 8, 4.0, shape_key(spec))
+
+
+def test_a_measured_cpu_prices_steps_evaluations_and_the_fixed_seconds():
+    spec = _spec("next-line-lr")
+    compute = make_plan(spec, measured_cpu=[_measured(spec)]).compute
+    assert compute.assumed_mfu == 0.85 and "measured on this machine now" in compute.mfu_source
+    # the demo's run: 60 steps of 16 x 128 tokens, evaluated at steps 50 and 60 (4 batches each)
+    flops = compute.total_flops
+    assert (spec.train.eval_batches, spec.train.eval_interval) == (4, 50)
+    assert compute.evaluation_flops == pytest.approx(2 * 4 * 16 * 128 * flops / compute.tokens / 3)
+    assert compute.evaluation_flops == evaluation_flops(spec, flops / compute.tokens, 60)
+    assert compute.fixed_seconds == RUN_FIXED_SECONDS
+    expected = (flops + compute.evaluation_flops) / (0.16e12 * 0.85) + RUN_FIXED_SECONDS
+    assert compute.wall_seconds == pytest.approx(expected)
+    # the idle run the fixed seconds come from (13.99 s, cpu_speed's doc) is priced back within 2 %;
+    # the recorded 0.037 said 155 s
+    assert compute.wall_seconds == pytest.approx(13.99, rel=0.02)
+    assert make_plan(spec).compute.wall_seconds > 10 * 13.99
+
+
+def test_a_slower_machine_now_is_a_longer_plan():
+    spec = _spec("next-line-lr")
+    fast = make_plan(spec, measured_cpu=[_measured(spec, 0.85)]).compute
+    slow = make_plan(spec, measured_cpu=[_measured(spec, 0.085)]).compute
+    steps_fast = fast.wall_seconds - fast.fixed_seconds
+    assert slow.wall_seconds - slow.fixed_seconds == pytest.approx(10 * steps_fast)
+
+
+def test_a_measurement_prices_only_the_shapes_it_measured_and_never_a_stated_utilisation():
+    spec, base = _spec("next-line-lr"), _spec("next-line-base")
+    measured = _measured(spec)
+    assert shape_key(spec) == shape_key(base)  # the learning rate does not change a step's speed
+    plan = make_plan(spec, baseline=base, measured_cpu=[measured])
+    assert plan.cost.baseline_per_run_device_hours == pytest.approx(plan.compute.device_hours)
+    wider = ExperimentSpec.model_validate(
+        spec.model_dump(mode="json", exclude_unset=True) | {"data": spec.data.model_dump(mode="json") | {"seq_len": 64}})
+    assert shape_key(wider) != shape_key(spec)
+    assert make_plan(wider, measured_cpu=[measured]).compute.mfu_source == make_plan(wider).compute.mfu_source
+    stated = ExperimentSpec.model_validate(
+        spec.model_dump(mode="json", exclude_unset=True)
+        | {"resource": spec.resource.model_dump(mode="json", exclude_unset=True) | {"assumed_mfu": 0.5}})
+    assert make_plan(stated, measured_cpu=[measured]).compute.assumed_mfu == 0.5
+    assert make_plan(stated, measured_cpu=[measured]).compute.fixed_seconds == 0.0
+
+
+def test_the_cost_recorded_at_launch_is_the_measured_plan():
+    from reports.records import launch_estimate
+
+    spec = _spec("next-line-lr")
+    measured = [_measured(spec)]
+    recorded = launch_estimate(spec, measured)
+    compute = make_plan(spec, measured_cpu=measured).compute
+    assert recorded["estimate_device_hours"] == pytest.approx(compute.device_hours, abs=1e-6)
+    assert recorded["estimate_wall_s"] == pytest.approx(compute.wall_seconds, abs=0.05)
+    assert recorded["estimate_mfu"] == 0.85
+
+
+def test_a_measurement_survives_its_round_trip_and_refuses_nonsense():
+    spec = _spec("next-line-lr")
+    m = _measured(spec)
+    assert MeasuredCpu.from_dict(m.to_dict()) == m
+    with pytest.raises(ValueError, match="not a utilisation"):
+        MeasuredCpu(0.0, 1.0, 1, 1, 1.0, "x")
+
+
+def test_the_demo_expected_time_uses_the_measured_plan():
+    from pipelines.cmd_demo import OVERHEAD_S, expected_time
+
+    spec, base = _spec("next-line-lr"), _spec("next-line-base")
+    measured = [_measured(spec)]
+    plan = make_plan(spec, baseline=base, measured_cpu=measured)
+    seconds, how = expected_time(plan, make_plan(base, measured_cpu=measured))
+    assert seconds == pytest.approx(6 * plan.compute.wall_seconds + OVERHEAD_S)
+    assert "at MFU 0.85: measured on this machine now: 8 steps at 18,000 tokens/s on 2 threads" in how
