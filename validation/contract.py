@@ -13,12 +13,14 @@ state round trip, export, optimizer state) are `trainer.contract_checks`.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from models import PluginKind, plugin_path, plugin_paths
+from validation.errors import Issue
 
 HEAVY_MODULES = ("torch", "transformers", "accelerate")
 """What a plug-in's top level must not import (each costs seconds on a GitHub runner)."""
@@ -36,8 +38,6 @@ class ContractFailure:
         return f"{self.file}:{self.line}: {self.method}: {self.message}"
 
     def github(self) -> str:
-        from validation.errors import Issue
-
         return Issue(self.file, self.line, 1, self.method, self.message).github()
 
 
@@ -120,8 +120,6 @@ def check_import_cost(plugin: Plugin, repo: Path, python: str = sys.executable) 
 
 
 def _probe_env(repo: Path) -> dict[str, str]:
-    import os
-
     path = os.environ.get("PYTHONPATH", "")
     return dict(os.environ, PYTHONPATH=str(repo) + (os.pathsep + path if path else ""))
 

@@ -84,7 +84,7 @@ def cpu_model() -> str:
 
 def accelerators() -> dict[str, Any]:
     """CUDA version, visible GPU count and model (imports torch)."""
-    import torch
+    import torch  # lazy for speed: validation stays torch-free until a run asks
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return {
@@ -96,7 +96,7 @@ def accelerators() -> dict[str, Any]:
 
 def env_fingerprint(world_size: int | None = None) -> dict[str, Any]:
     """python, torch, cuda, accelerate, transformers, mlflow versions, GPU model, host, CPU, threads."""
-    import torch
+    import torch  # lazy for speed, as above
 
     fp: dict[str, Any] = {"python": platform.python_version()}
     for name in KEY_PACKAGES:

@@ -18,6 +18,7 @@ the run recorded).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib.util
 import re
@@ -146,8 +147,6 @@ def task_problems(tasks: list[Any], repo_root: Path) -> list[tuple[tuple[str | i
     Data-root containment of `path` is the loader's data-path rule; this checks the rest. The
     task's data files may be generated later (the demo task's are made by `pipeline data demo`,
     after the PR check validates): the trainer checks them before it evaluates."""
-    import difflib
-
     # The trusted re-validation of a PR (`validation.spec.foreign_plugins_allowed`) reads the PR's
     # spec as data with the default branch's files: the loader drops "no task file" there (a task
     # file the PR adds is not present, and its checks ran in the PR's own check). Not asked here:

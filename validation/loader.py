@@ -11,6 +11,7 @@ stay inside the data roots, the baseline exists, ...). Every issue becomes one
 from __future__ import annotations
 
 import contextvars
+import json
 import os
 import re
 import typing
@@ -20,8 +21,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from models._hf import HFCausalLM
+from validation import rules
 from validation.error_locations import SpecIssues, did_you_mean
 from validation.errors import Issue, PipelineError, SpecError
+from validation.eval_tasks import task_problems
 from validation.extends import read_chain
 from validation.paths import (
     DATA_ROOTS_ENV,
@@ -131,8 +135,6 @@ class _SpecLoader:
         except ValidationError as exc:
             self.issues.map_validation_errors(doc, exc)
             return None
-        from validation import rules
-
         for violation in rules.check(spec):
             self.issues.add_at(doc, violation.path, violation.message)
         self.check_local_tokenizer(doc, spec)
@@ -145,8 +147,6 @@ class _SpecLoader:
         reads a second spec (found by the one lookup rule, in this file's repository). The
         baseline's own rules do not look further; a baseline that does not load is reported by
         its own validation, not here."""
-        from validation import rules
-
         if _COMPARING.get() or spec.hypothesis.baseline in (CHAMPION, spec.name):
             return
         if not spec.hypothesis.metric.startswith("eval/"):
@@ -170,8 +170,6 @@ class _SpecLoader:
         """A Hugging Face checkpoint's `config.json` must describe the model the spec builds
         (`init_from_problems` of the architecture: plain JSON, no torch); each disagreeing field
         is reported on its own line. A directory that does not exist yet is the trainer's to check."""
-        from models._hf import HFCausalLM
-
         path = spec.model.init_from
         if path is None or ("model", "init_from") in doc.poisoned or not isinstance(spec.model, HFCausalLM):
             return
@@ -230,8 +228,6 @@ class _SpecLoader:
 
         evaluation = data.get("eval")
         if isinstance(evaluation, dict) and isinstance(evaluation.get("tasks"), list):
-            from validation.eval_tasks import task_problems
-
             for path, problem in task_problems(evaluation["tasks"], self.repo_root):
                 # The trusted re-validation of a PR holds only its experiments/ (as data): a task
                 # file is PR content the unprivileged check validated; its absence here is expected.
@@ -262,8 +258,6 @@ class _SpecLoader:
 def tokenizer_file_vocab(path: Path) -> int | None:
     """Token ids a `tokenizer.json` can produce (largest id + 1 over the model's vocabulary and
     the added tokens); None when the file is absent or not a tokenizer. Plain JSON: no torch."""
-    import json
-
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

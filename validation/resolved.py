@@ -30,9 +30,12 @@ from pydantic import BaseModel, ConfigDict
 
 from validation.capability import AXES, TRAINER, ExecutionCapability
 from validation.errors import Issue, SpecError, UsageError
-from validation.flops import DevicePeak, device_peak, flops_per_token
+from validation.files import atomic_write_text
+from validation.flops import PEAK_TFLOPS_BF16, DevicePeak, device_peak, flops_per_token
+from validation.loader import load_located
 from validation.paths import data_roots, experiment_file, find_repo_root
-from validation.plan import Locator, no_location
+from validation.plan import Locator, no_location, plan_parallel
+from validation.rules import layout_violations
 from validation.spec import CHAMPION, ExperimentSpec, ParallelLayout
 
 RESOLVED_FILE = "spec.resolved.json"
@@ -166,8 +169,6 @@ class ResolvedExperiment(_Frozen):
 
     def write(self, path: Path) -> Path:
         """Write as JSON, atomically (a reader never sees half a file)."""
-        from validation.files import atomic_write_text
-
         atomic_write_text(Path(path), self.to_json())
         return Path(path)
 
@@ -186,8 +187,6 @@ def resolve(
     file:line) when anything is wrong, including a layout the capability does not cover.
 
     `seeds` overrides the hypothesis' seeds (a baseline runs on its candidate's seeds)."""
-    from validation.loader import load_located
-
     path = Path(spec_file)
     root = Path(repo_root) if repo_root is not None else find_repo_root(path)
     loaded = load_located(path, repo_root=root)
@@ -209,9 +208,6 @@ def resolve_spec(
     """Resolve a spec that already passed validation (a file's, a sweep trial's, a smoke spec).
 
     `seeds` overrides the hypothesis' seeds (a baseline runs on its candidate's seeds)."""
-    from validation.plan import plan_parallel
-    from validation.rules import layout_violations
-
     root = Path(repo_root).resolve()
     problems = layout_violations(spec, capability)
     if problems:
@@ -224,8 +220,6 @@ def resolve_spec(
     )
     peak = device_peak(spec.resource, spec.train.precision)
     if peak is None:  # `plan` reports it with its fix; the same words here
-        from validation.flops import PEAK_TFLOPS_BF16
-
         raise SpecError([_issue(locate, "resource.peak_tflops",
                                 f"no peak FLOPS known for gpu_type '{spec.resource.gpu_type}' (known: "
                                 f"{', '.join(sorted(PEAK_TFLOPS_BF16))}); set resource.peak_tflops")])

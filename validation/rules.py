@@ -18,6 +18,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from validation.capability import TRAINER, ExecutionCapability
+from validation.error_locations import describe_error
+from validation.eval_tasks import TASK_METRIC, task_name
 from validation.spec import ExperimentSpec, ParallelLayout
 
 WEIGHT_TOLERANCE = 1e-6
@@ -195,8 +197,6 @@ def metrics_exist(spec: ExperimentSpec) -> Iterator[Violation]:
 
 def task_metrics_exist(spec: ExperimentSpec) -> Iterator[Violation]:
     """`eval/task/<task>/<metric>` only exists for a task in `eval.tasks`."""
-    from validation.eval_tasks import TASK_METRIC, task_name
-
     tasks = [n for n in (task_name(t) for t in spec.eval.tasks) if n] if spec.eval is not None else []
     metrics = {("hypothesis", "metric"): spec.hypothesis.metric}
     if spec.sweep is not None and spec.sweep.metric is not None:
@@ -224,8 +224,6 @@ def metric_definition(spec: ExperimentSpec, metric: str) -> dict[str, Any]:
     """What an eval metric's value means besides the model, as far as a spec says it: how the
     held-out split is cut and packed and, for a per-token `loss`, the tokenizer. (Which text is
     held out is the data version, known after preparation: the report compares it.)"""
-    from validation.eval_tasks import TASK_METRIC, task_name
-
     task = TASK_METRIC.match(metric)
     if task:  # a task metric means its task entry: the same file or name, limit and few-shot count
         entries = [t for t in (spec.eval.tasks if spec.eval else []) if task_name(t) == task["task"]]
@@ -352,8 +350,6 @@ def sweep_parameters_exist(spec: ExperimentSpec) -> Iterator[Violation]:
             try:
                 ExperimentSpec.model_validate(trial)
             except ValidationError as exc:
-                from validation.error_locations import describe_error
-
                 first = exc.errors(include_url=False)[0]
                 words = describe_error(first, None, trial)
                 yield Violation(where, f"value {value!r} is invalid for {dotted_path}: {words}")

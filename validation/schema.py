@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from models import Architecture, OptimizerConfig
 from validation.spec import ExperimentSpec
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -42,8 +43,6 @@ def experiment_schema() -> dict[str, Any]:
 
 def _generic_plugin_sections(schema: dict[str, Any]) -> None:
     """Replace the plug-in unions by the shared contract (see the module docstring)."""
-    from models import Architecture, OptimizerConfig
-
     defs: dict[str, Any] = schema.get("$defs", {})
     for name in [k for k in defs if k.startswith("models__") or k.startswith("Foreign")]:
         del defs[name]

@@ -23,6 +23,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from validation.data.mixture import MixtureSchedule
+from validation.data.profile import js_divergence, relative_shift, token_profile
+from validation.environment import scoped_environ
+from validation.files import sha256_file
 from validation.spec import DataChecks, ExperimentSpec
 
 # Mixture realisation is measured over the run's steps, capped (it converges quickly).
@@ -130,15 +136,10 @@ def comparable_profiles(prepared: Any, baseline: Any) -> tuple[dict[str, tuple[d
     sample of the baseline's documents is decoded with its own tokenizer and re-encoded
     with the candidate's, and compared with the same-sized sample of the candidate, so
     that the divergence measures the data, not the tokenizer."""
-    from validation.data.profile import token_profile
-    from validation.environment import scoped_environ
-    from validation.files import sha256_file
-
     shared = [s for s in prepared.sources if s in baseline.stats]
     if sha256_file(prepared.tokenizer_path) == sha256_file(baseline.tokenizer_path):
         return {s: (prepared.stats[s]["token_profile"]["distribution"],
                     baseline.stats[s]["token_profile"]["distribution"]) for s in shared}, None
-    import numpy as np
 
     vocab = [prepared.tokenizer.id_to_token(i) or "" for i in range(prepared.vocab_size)]
     out = {}
@@ -161,9 +162,6 @@ def comparable_profiles(prepared: Any, baseline: Any) -> tuple[dict[str, tuple[d
 def source_rows(spec: ExperimentSpec, prepared: Any, baseline: Any | None = None,
                 profiles: dict[str, tuple[dict, dict]] | None = None) -> list[dict[str, Any]]:
     """One row of numbers per source of `spec` (numpy and the prepared data only)."""
-    from validation.data.mixture import MixtureSchedule
-    from validation.data.profile import js_divergence, relative_shift
-
     weights = spec.data.weights()
     dp = spec.parallel_layout().dp
     schedule = MixtureSchedule(prepared, weights, spec.global_batch(dp), spec.train.seed)
@@ -207,6 +205,7 @@ def source_rows(spec: ExperimentSpec, prepared: Any, baseline: Any | None = None
 def _validate_with_gx(rows: list[dict[str, Any]], rules: list[Rule]) -> list[tuple[Rule, bool, dict[str, float]]]:
     """Run the suite; return per rule: success and {source: observed} of the unexpected rows."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    # Lazy for speed (great_expectations alone takes ~2.6 s), and after the variable above.
     import great_expectations as gx
     import pandas as pd
     from great_expectations.data_context.types.base import ProgressBarsConfig

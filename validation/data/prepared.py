@@ -21,6 +21,7 @@ rebuilds it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from validation.errors import DataError
 from validation.files import atomic_write_json, sha256_file
@@ -58,8 +60,6 @@ def content_digest(manifest: dict[str, Any], prep: dict[str, Any]) -> str:
     list, version payload). A data version names its inputs; this names what was made from
     them, so a copy rewritten on shared storage (data and manifest together) gets another
     digest, and two preparations of the same inputs on different machines get the same one."""
-    import hashlib
-
     files = {rel: {"size": int(e["size"]), "sha256": str(e["sha256"])}
              for rel, e in manifest["files"].items() if rel != "prep.json"}
     described = {k: v for k, v in prep.items() if k not in PREP_VOLATILE}
@@ -220,6 +220,4 @@ class PreparedData:
 
     @cached_property
     def tokenizer(self) -> Any:
-        from tokenizers import Tokenizer
-
         return Tokenizer.from_file(str(self.tokenizer_path))

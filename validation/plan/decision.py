@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from validation.plan.common import format_bytes, format_count, format_duration
+from validation.plan.render import _why_layout
 
 if TYPE_CHECKING:
     from validation.plan.assemble import Plan
@@ -238,8 +239,6 @@ def _steps_text(decision: Decision) -> str:
 
 
 def _short_why(plan: Plan) -> str:
-    from validation.plan.render import _why_layout
-
     return _why_layout(plan.parallel)
 
 

@@ -26,7 +26,9 @@ from validation.plan.common import (
     no_location,
 )
 from validation.plan.memory import MemoryEstimate, _memory
+from validation.rules import layout_violations
 from validation.spec import ExperimentSpec, ParallelLayout
+from validation.yaml_source import dotted
 
 # How far `plan_parallel` looks for a node count that would fit, to suggest it.
 MAX_SUGGESTED_NODES = 4096
@@ -340,9 +342,6 @@ def _verify_explicit(
 ) -> ParallelPlan:
     # The layout rules of `validation.rules` (the one divisibility check, the world size,
     # the execution capability) run here too, for specs built in code without the loader.
-    from validation.rules import layout_violations
-    from validation.yaml_source import dotted
-
     resource = spec.resource
     dp, tp, pp = layout.dp, layout.tp, layout.pp
     violations = layout_violations(spec, capability)
