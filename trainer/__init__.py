@@ -18,8 +18,12 @@ decisions of its own. Modules:
               2-process half: `pipelines.layout_probe`)
   lm_eval_scoring  `eval.tasks` scored with lm-evaluation-harness on the exported model, rank 0
   batches     packed, mixture-weighted training rows and eval rows from prepared data (numpy arrays)
-  step        one optimizer step: accumulation micro-batches, loss weighted over the global token
-              count, clip, AdamW; out-of-memory and SIGTERM decided by all ranks together
+  step        one optimizer step for every layout: loss weighted over the global token count, clip,
+              non-finite skip, schedule; out-of-memory and SIGTERM decided by all ranks together; how
+              the micro-batches run is the layout's `ForwardBackward` (accelerate's, or the stages')
+  model_parts the model as a list of parts (torchtitan's `model_parts`): one for one process, DDP,
+              FSDP or TP, one per pipeline stage on this rank; what the loop, step, evaluation,
+              checkpoint and export take
   step_metrics  per-step loss and grad norm kept on the device, read once per log interval;
               a fused AdamW skips a non-finite step without a host read
   state       the loop's small mutable state: `TrainState` (what a checkpoint carries besides
@@ -28,10 +32,12 @@ decisions of its own. Modules:
               data version and `seq_len` (whatever the layout)
   collectives  the few collectives the trainer uses, each a no-op on one process; every
               decision that depends on one rank's observation goes through them
-  parallel    `Topology` (data x tensor parallel), `make_accelerator` (with the FSDP-on-CPU patch),
-              FSDP2 / TP model materialised shard by shard from the meta device
+  parallel    `ParallelDims` (pipeline x data x tensor parallel): every rank question, the one device
+              mesh and every process group; `make_accelerator` (with the FSDP-on-CPU patch), FSDP2 /
+              TP model materialised shard by shard from the meta device
   pipeline_parallel  pipeline stages (torch.distributed.pipelining) composed with DDP, FSDP and TP:
-              the stage split, the (pp, dp, tp) mesh, the 1F1B schedule's step and evaluation
+              the stage split, the stages as model parts, the schedule as the step's forward/backward,
+              evaluation through the stages
   activation_checkpointing  the `train.activation_checkpointing` modes applied to the plug-in's blocks
   contract_checks  the plug-in contract's torch half (`pipeline contract`): meta counts, FLOPs, TP
               names, packed rows equal to documents alone, optimizer state round trip

@@ -16,10 +16,11 @@ T = TypeVar("T")
 
 
 class Collectives:
-    def __init__(self, world: int, device: torch.device | str = "cpu"):
+    def __init__(self, world: int, device: torch.device | str = "cpu", host_group: Any = None):
+        """`host_group`: the gloo group host values go through on GPUs (`ParallelDims.host_group`)."""
         self.world = world
         self.device = device
-        self._host_group: Any = None
+        self.host_group = host_group
 
     def barrier(self) -> None:
         if self.world > 1:
@@ -36,11 +37,8 @@ class Collectives:
 
         # Host values (token counts, flags) over gloo on CPU tensors: on GPUs an NCCL all-reduce
         # of a device tensor plus the read back would wait for all queued device work each step.
-        group = None
-        if str(self.device).startswith("cuda"):
-            if self._host_group is None:  # every rank reaches its first all_reduce in the same order
-                self._host_group = dist.new_group(backend="gloo")
-            group = self._host_group
+        group = self.host_group
+        assert group is not None or not str(self.device).startswith("cuda"), "ParallelDims.build() makes it"
         t = torch.tensor(values, dtype=torch.float64, device="cpu" if group is not None else self.device)
         dist.all_reduce(t, group=group)
         return [float(v) for v in t.tolist()]

@@ -4,7 +4,9 @@ Data position is a pure function of the step (`MixtureBatcher.batch(step, micro_
 so resuming is "load the checkpoint, continue at its step": no dataloader state exists.
 
 The pieces live beside this file, each behind one seam:
-  trainer/step.py           one optimizer step (forward/backward/clip/AdamW, OOM detection)
+  trainer/parallel.py       `ParallelDims`: the layout, the one device mesh and every process group
+  trainer/model_parts.py    the model as a list of parts (one, or one per pipeline stage on this rank)
+  trainer/step.py           one optimizer step for every layout (forward/backward/clip/AdamW, OOM detection)
   trainer/collectives.py    barrier / all_reduce / broadcast / gather (no-ops on one process)
   trainer/checkpoint/       checkpoints: one manager, the unsharded and sharded layouts, one writer,
                             the on-disk format (docs/checkpoints.md)
@@ -30,7 +32,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from trainer import record
-from trainer.checkpoint.format import checkpoint_name, describe_layout, layout_record, list_checkpoints
+from trainer.checkpoint.format import checkpoint_name, describe_layout, list_checkpoints
 from trainer.checkpoint.manager import CheckpointManager
 from trainer.checkpoint.writer import CheckpointWriter
 from trainer.collectives import Collectives
@@ -38,7 +40,7 @@ from trainer.evaluation import Evaluator, update_best
 from trainer.faults import FaultPlan
 from trainer.host_memory import keep_freed_memory_in_heap
 from trainer.metric_sinks import FanoutSink, JsonlMetrics, MetricSink, MlflowSink, NullSink
-from trainer.model import parameter_count
+from trainer.model_parts import build_model_parts
 from trainer.monitor import (
     DIVERGED_KINDS,
     Alert,
@@ -48,14 +50,7 @@ from trainer.monitor import (
     StallWatchdog,
 )
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.parallel import (
-    Topology,
-    assert_sharded,
-    build_model,
-    local_and_total_params,
-    make_accelerator,
-    make_mesh,
-)
+from trainer.parallel import ParallelDims, make_accelerator
 from trainer.state import StepResult, TrainState
 from trainer.step import StepRunner, to_device
 from trainer.step_metrics import DeviceScalars
@@ -164,17 +159,18 @@ class Trainer:
         # Joins the process group that `accelerate launch` set up (on CPU only when told so,
         # as Accelerator itself decides).
         processes = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
-        self.topo = topo = Topology.from_layout(spec.parallel_layout(), processes.num_processes,
-                                                processes.process_index, spec.resource.nodes)
-        self.accelerator = acc = make_accelerator(precision, topo)
+        self.dims = dims = ParallelDims.from_layout(spec.parallel_layout(), processes.num_processes,
+                                                    processes.process_index, spec.resource.nodes)
+        self.accelerator = acc = make_accelerator(precision, dims)
         self.rank, self.world = acc.process_index, acc.num_processes
-        self.dp = topo.dp  # data-parallel replicas: ranks of one tensor-parallel group read the same rows
+        self.dp = dims.dp  # data-parallel replicas: ranks of one tensor-parallel group read the same rows
         self.is_main = acc.is_main_process
         self.device = acc.device
         if self.device.type == "cpu":  # activations live in host memory: no page faults per step
             keep_freed_memory_in_heap()
-        self.comm = Collectives(self.world, self.device)
-        mesh = make_mesh(topo, self.device.type) if topo.sharded and topo.pp == 1 else None
+        # The one mesh and every process group, built once on every rank in the same order.
+        dims.build(self.device.type, checkpoint_group=tr.async_checkpoint)
+        self.comm = Collectives(self.world, self.device, dims.host_group)
         self.faults = FaultPlan.from_env(self.rank)
         setup_logging(self.run_dir, self.rank, console_level)
 
@@ -185,22 +181,18 @@ class Trainer:
             raise TrainingError(
                 f"tokenizer has {self.prepared.vocab_size} tokens but model.vocab_size is {spec.model.vocab_size}")
 
-        # ---- model, optimizer, schedule (seeded identically on every rank)
+        # ---- model parts, optimizer, schedule (seeded identically on every rank)
         torch.manual_seed(tr.seed)
         init_from = Path(spec.model.init_from) if spec.model.init_from else None
         if init_from is not None and not init_from.is_absolute():  # relative to the repository, like data paths
             init_from = Path(__file__).resolve().parent.parent / init_from
-        self.pipeline: Any = None
-        if topo.pp > 1:  # this rank's stages (trainer/pipeline_parallel.py); the holder has its parameters
-            from trainer.pipeline_parallel import PipelineEngine
-
-            self.pipeline = PipelineEngine(spec, topo.world, topo.rank, self.device, tr.seed,
-                                           compile_backend="inductor" if tr.compile else None)
-            self.raw_model: torch.nn.Module = self.pipeline.holder
-        else:
-            self.raw_model = build_model(spec, topo, self.device, tr.seed, init_from, mesh,
-                                         compile_backend="inductor" if tr.compile else None)
-        self.n_params = parameter_count(self.raw_model) if self.pipeline is None else spec.model.parameter_count()
+        # train.compile: each block compiled in place (every layout, before FSDP). One path for all
+        # layouts, rather than the whole model when unsharded: the same graphs and numbers in every
+        # layout, state-dict names without `_orig_mod.`, one compile per block type.
+        self.parts = build_model_parts(spec, dims, self.device, tr.seed, init_from,
+                                       compile_backend="inductor" if tr.compile else None)
+        self.raw_model: torch.nn.Module = self.parts.owner
+        self.n_params = self.parts.parameter_count(self.comm)
         declared = spec.model.parameter_count()
         if self.n_params != declared:  # the plan, the memory check and MFU all rest on the declared count
             raise TrainingError(f"models/{spec.model.model_type}.py: parameter_count() says {declared:,} but the "
@@ -213,18 +205,10 @@ class Trainer:
         self.optimizer = build_optimizer(self.raw_model, tr, spec.model)
         self.total_steps = spec.total_steps(self.dp)
         self.scheduler = build_scheduler(self.optimizer, tr, self.total_steps)
-        # train.compile: `build_model` compiled each block in place (every layout, before FSDP).
-        # One path for all layouts, rather than the whole model when unsharded: the same graphs
-        # and numbers in every layout, state-dict names without `_orig_mod.`, one compile per block type.
-        if self.pipeline is None:
-            self.model, self.optimizer = acc.prepare(self.raw_model, self.optimizer)
-        else:
-            self.model = self.raw_model
-        if not topo.sharded:
+        self.optimizer = self.parts.prepare(acc, self.optimizer)
+        if not dims.sharded:
             autocast_without_output_upcast(acc, self.raw_model)
-        # The silent DDP fallback must be impossible: a sharded layout holds ~1/degree per rank.
-        self.local_params, _ = assert_sharded(self.model, topo) if self.pipeline is None else (
-            local_and_total_params(self.raw_model))  # this rank's stages (FSDP: their shards)
+        self.local_params = self.parts.local_params(dims)
         self._seed_rank()
 
         # ---- state, sinks, monitoring, the seams
@@ -242,30 +226,19 @@ class Trainer:
         self.ckpt_failures = CheckpointFailures(self.run_dir, self._on_event)  # disk full / repeated: stop
         self.detector = AnomalyDetector(spec.alerts, vocab_size=spec.model.vocab_size)
         self.ckpt_root = self.run_dir / "checkpoints"
-        self.layout = layout_record(self.world, self.dp, topo.tp, topo.shard, topo.replicate, topo.pp)
-        self.ckpt = CheckpointManager(spec, self.ckpt_root, acc, self.raw_model, self.optimizer, self.scheduler,
-                                      self.comm, self.rank, self._on_event, sharded=topo.sharded, dp=self.dp,
-                                      layout=self.layout)
-        self.step_fn = StepRunner(acc, self.model, self.optimizer, self.scheduler, self.comm, self.faults,
-                                  tr.grad_clip, dp=self.dp)
+        self.ckpt = CheckpointManager(spec, self.ckpt_root, acc, self.parts, self.optimizer, self.scheduler,
+                                      self.comm, dims, self._on_event)
+        self.layout = self.ckpt.layout
+        self.step_fn = StepRunner(self.parts.forward_backward(acc, self.comm, self.faults), self.optimizer,
+                                  self.scheduler, self.comm, self.faults, tr.grad_clip)
         # On a GPU every host read of a device value waits for the device: loss and grad norm stay
         # there and are read once per log interval (trainer/step_metrics.py). A CPU read is free,
         # so CPU runs read every step (TRAINER_DEFER_STEP_METRICS=1 forces the GPU path, for tests).
-        if self.pipeline is not None:
-            from trainer.pipeline_parallel import PipelineStepRunner
-
-            self.step_fn = PipelineStepRunner(self.pipeline, self.optimizer, self.scheduler,  # type: ignore[assignment]
-                                              self.comm, tr.grad_clip, acc.autocast)
         self.step_fn.defer = self.device.type == "cuda" or os.environ.get("TRAINER_DEFER_STEP_METRICS") == "1"
         self.pending = DeviceScalars(self._sum_loss_shares if self.world > 1 else None)
         # Sharded forwards are collectives: every rank evaluates every batch (same count of forwards).
         self.evaluate = Evaluator(spec, self.prepared, self.comm, self.rank, acc.autocast,
-                                  lambda batch: to_device(batch, self.device), split=not topo.sharded)
-        if self.pipeline is not None:  # every rank runs every eval batch through the stages
-            from trainer.pipeline_parallel import EvalModel
-
-            evaluator, staged = self.evaluate, EvalModel(self.pipeline)
-            self.evaluate = lambda _model: evaluator(staged)  # type: ignore[assignment,method-assign]
+                                  lambda batch: to_device(batch, self.device), split=not dims.sharded)
         self.resumed_from: str | None = None
         self.ckpt_write_s: list[float] = []
         self._sigterm = False
@@ -276,6 +249,16 @@ class Trainer:
         self._recorded_checkpoint = -1
 
     # ------------------------------------------------------------------ small helpers
+
+    @property
+    def model(self) -> Any:
+        """The first model part as it runs (accelerate-prepared): the whole model outside pipelines."""
+        return self.parts.parts[0]
+
+    @property
+    def topo(self) -> ParallelDims:
+        """The parallel dims under their former name (bench/ reads it)."""
+        return self.dims
 
     @property
     def checkpointer(self) -> CheckpointWriter:
@@ -302,7 +285,7 @@ class Trainer:
 
         return MixtureBatcher(
             self.prepared, self.spec.data.weights(), self.seq_len, self.state.micro_batch_size,
-            self.state.grad_accum_steps, self.spec.train.seed, self.topo.dp_rank, self.dp)
+            self.state.grad_accum_steps, self.spec.train.seed, self.dims.dp_rank, self.dp)
 
     def _adopt(self, state: TrainState) -> None:
         """Continue from a restored state (resume, rollback)."""
@@ -543,7 +526,7 @@ class Trainer:
 
     def _evaluate_and_log(self, step: int) -> bool:
         """Evaluate, log, track the best; True when early stopping says stop."""
-        metrics = self.evaluate(self.raw_model)
+        metrics = self.evaluate(self.parts.eval_model())
         self.sink.log_metrics(step, metrics)
         log.info("eval step %d: %s", step, _fmt(metrics))
         return update_best(self.state, metrics, self.spec.train.early_stopping_patience)
@@ -564,11 +547,11 @@ class Trainer:
         if outcome.status != "failed":
             final_saved = self.ckpt_root / checkpoint_name(self.state.step)
             # A sharded model is exported from its checkpoint's shards: make sure one exists.
-            if outcome.status == "finished" or (self.topo.sharded and not final_saved.is_dir()):
+            if outcome.status == "finished" or (self.dims.sharded and not final_saved.is_dir()):
                 self.save_checkpoint()
             self.wait_checkpoints()
             self.ckpt_failures.raise_if_fatal()  # the final save hit a full disk: no export either
-            final_metrics = self.evaluate(self.raw_model)
+            final_metrics = self.evaluate(self.parts.eval_model())
             self.sink.log_metrics(self.state.step, final_metrics)
             if outcome.status == "finished":
                 update_best(self.state, final_metrics, self.spec.train.early_stopping_patience)
@@ -593,8 +576,8 @@ class Trainer:
             self.spec, self.state, outcome, run_dir=self.run_dir, run_id=self.sink.run_id, world=self.world,
             total_steps=self.total_steps, n_params=self.n_params, flops_per_token=self.flops_per_token,
             alerts=self.alerts.count, wall_s=time.time() - self.t_start)
-        result["layout"] = {"dp": self.dp, "tp": self.topo.tp, "fsdp": self.topo.fsdp, "sharded": self.topo.sharded,
-                            "replicate": self.topo.replicate, "shard": self.topo.shard, "pp": self.topo.pp,
+        result["layout"] = {"dp": self.dp, "tp": self.dims.tp, "fsdp": self.dims.fsdp, "sharded": self.dims.sharded,
+                            "replicate": self.dims.replicate, "shard": self.dims.shard, "pp": self.dims.pp,
                             "params_on_rank0": self.local_params}
         if self.downstream is not None:
             result["downstream"] = {k: v for k, v in self.downstream.items() if k != "metrics"}
@@ -698,7 +681,7 @@ class Trainer:
         arch = self.spec.model
         tied = set(arch.tied_weight_names) if arch.tie_word_embeddings else set()
         tmp.mkdir(parents=True)
-        if self.topo.sharded:
+        if self.dims.sharded:
             # Streamed from the final checkpoint's shards: no process ever holds the full model.
             from trainer.checkpoint.sharded import export_safetensors
 

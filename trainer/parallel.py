@@ -1,7 +1,8 @@
 """Sharded layouts: FSDP2 (`fully_shard`) and tensor parallelism (DTensor) through accelerate.
 
-`Topology` says how the processes are arranged (data-parallel x tensor-parallel), which
-data each rank reads and how batch sums are de-duplicated. `make_accelerator` builds the
+`ParallelDims` says how the processes are arranged (pipeline x data-parallel x tensor-parallel),
+which data each rank reads and how batch sums are de-duplicated, and builds the one device mesh
+and every process group (`build`; nothing else in the trainer makes one). `make_accelerator` builds the
 Accelerator; for FSDP it applies the CPU patch (accelerate 1.15 silently runs plain DDP
 when asked for FSDP on CPU: its state only switches FSDP on for GPU-like devices, so
 `distributed_type` is set on both `PartialState()` and `acc.state` and the plugin attached;
@@ -27,7 +28,7 @@ The trainer checks after `prepare` that the model really is sharded (`assert_sha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,8 +42,20 @@ if TYPE_CHECKING:
     from validation.spec import ExperimentSpec, ParallelLayout
 
 @dataclass(frozen=True)
-class Topology:
-    """World = dp x tp. Ranks of one TP group read the same data; FSDP shards over dp."""
+class ParallelDims:
+    """How the processes are arranged, and the one place that builds their mesh and groups.
+
+    World = pp x dp x tp (torchtitan's `ParallelDims`): the stage is the outermost axis and TP the
+    innermost, rank = (pp rank x dp + dp index) x tp + tp rank. Ranks are numbered node by node,
+    so a TP group stays inside a node, and the stages of a replica go to different nodes once a
+    node holds one stage. Ranks of one TP group read the same data; FSDP shards over dp.
+
+    Every rank question (which stage, which replica, which data rows, how sums are de-duplicated)
+    is answered here, and `build` creates the device mesh and every process group the trainer
+    uses -- the stages' point-to-point group, the tied embedding's ends group, the host-side gloo
+    groups of the collectives and of the asynchronous checkpointer -- once, in the same order on
+    every rank (group creation is collective). No other module builds a mesh or a group.
+    """
 
     world: int
     rank: int
@@ -52,9 +65,13 @@ class Topology:
     replicate: int = 1
     """HSDP: FSDP shards inside each of `replicate` groups (one per node) and replicates across them."""
     pp: int = 1
-    """Pipeline stages (trainer/pipeline_parallel.py), the outermost axis: rank = stage rank x
-    (dp x tp) + dp index x tp + tp rank (with or without TP and FSDP). Ranks are numbered node by node, so TP stays inside a
-    node and the stages of a replica go to different nodes once a node holds one stage."""
+    """Pipeline stages (trainer/pipeline_parallel.py), the outermost axis."""
+    cp: int = 1
+    """Context parallelism: room for the axis (no layout sets it yet; it would sit between dp and tp)."""
+    ep: int = 1
+    """Expert parallelism: room for the axis (no layout sets it yet; it would split dp x tp)."""
+    _built: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """What `build` made: the mesh and the groups (filled once)."""
 
     @property
     def shard(self) -> int:
@@ -77,14 +94,26 @@ class Topology:
     def tp_rank(self) -> int:
         return self.rank % self.tp
 
+    @property
+    def replicas(self) -> int:
+        """Ranks that read the same rows (a TP group): world-wide sums count each row this often."""
+        return self.world // self.dp
+
+    def global_rank(self, pp_rank: int, dp_rank: int | None = None, tp_rank: int | None = None) -> int:
+        """The process of stage rank `pp_rank` in replica `dp_rank` at TP rank `tp_rank` (this
+        rank's replica and TP rank by default)."""
+        d = self.dp_rank if dp_rank is None else dp_rank
+        t = self.tp_rank if tp_rank is None else tp_rank
+        return (pp_rank * self.dp + d) * self.tp + t
+
     @staticmethod
-    def from_layout(layout: ParallelLayout, world: int, rank: int, nodes: int = 1) -> Topology:
+    def from_layout(layout: ParallelLayout, world: int, rank: int, nodes: int = 1) -> ParallelDims:
         if layout.pp > 1:
             if world % (layout.pp * layout.tp):
                 raise TrainingError(f"parallel.pp={layout.pp} x tp={layout.tp} does not divide the {world} processes")
             dp = world // (layout.pp * layout.tp)
             fsdp = (layout.fsdp and dp > 1) or layout.tp > 1  # TP goes with FSDP, as below
-            return Topology(world=world, rank=rank, dp=dp, tp=layout.tp, fsdp=fsdp, pp=layout.pp)
+            return ParallelDims(world=world, rank=rank, dp=dp, tp=layout.tp, fsdp=fsdp, pp=layout.pp)
         tp = layout.tp
         if world % tp:
             raise TrainingError(f"parallel.tp={tp} does not divide the {world} processes")
@@ -93,10 +122,92 @@ class Topology:
         dp, fsdp = world // tp, layout.fsdp or tp > 1
         # Several nodes: shard inside a node (fast links), replicate across nodes (HSDP).
         replicate = nodes if fsdp and tp == 1 and nodes > 1 and dp % nodes == 0 and dp > nodes else 1
-        return Topology(world=world, rank=rank, dp=dp, tp=tp, fsdp=fsdp, replicate=replicate)
+        return ParallelDims(world=world, rank=rank, dp=dp, tp=tp, fsdp=fsdp, replicate=replicate)
+
+    # ------------------------------------------------------------------ the mesh and the groups
+
+    def build(self, device_type: str, *, checkpoint_group: bool = False) -> ParallelDims:
+        """Collective (every rank, once, before any other group exists): the device mesh of a
+        sharded layout and every process group the trainer uses. `checkpoint_group`: a gloo group
+        of its own for the asynchronous sharded checkpointer (its writes never interleave with
+        training's collectives). Returns self; calling it again does nothing."""
+        if self._built:
+            return self
+        self._built["device_type"] = device_type
+        if self.sharded:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            # The axes each layout shards over, named as the code that takes them reads them.
+            shape: tuple[int, ...]
+            names: tuple[str, ...]
+            if self.pp > 1:
+                shape, names = (self.pp, self.dp, self.tp), ("pp", "dp", "tp")
+            elif self.replicate > 1:  # HSDP: both data-parallel, the ranks of a node adjacent
+                shape, names = (self.replicate, self.shard), ("replicate", "shard")
+            else:
+                shape, names = (self.dp, self.tp), ("dp", "tp")
+            self._built["mesh"] = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if self.pp > 1:
+                mesh = self._built["mesh"]
+                self._built["pp"], self._built["dp"] = mesh["pp"].get_group(), mesh["dp"].get_group()
+                # The first and the last stage of each replica and TP rank: a tied embedding and LM head.
+                ends = mesh["pp"].get_group() if self.pp == 2 else None
+                if ends is None:
+                    for d in range(self.dp):
+                        for t in range(self.tp):
+                            group = dist.new_group([self.global_rank(0, d, t), self.global_rank(self.pp - 1, d, t)])
+                            if (d, t) == (self.dp_rank, self.tp_rank):
+                                ends = group
+                self._built["ends"] = ends
+            # Host values (token counts, flags) over gloo on CPU tensors: on GPUs an NCCL
+            # all-reduce of a device tensor plus the read back would wait for the device each step.
+            if device_type == "cuda":
+                self._built["host"] = dist.new_group(backend="gloo")
+            if checkpoint_group and self.sharded:
+                self._built["checkpoint"] = dist.new_group(backend="gloo")
+        return self
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        """The device mesh of a sharded layout (`build` first)."""
+        assert "mesh" in self._built, "ParallelDims.build() makes the mesh of a sharded layout"
+        mesh: DeviceMesh = self._built["mesh"]
+        return mesh
+
+    @property
+    def pp_group(self) -> Any:
+        """This rank's pipeline: its replica's and TP rank's stages (None without stages)."""
+        return self._built.get("pp")
+
+    @property
+    def dp_group(self) -> Any:
+        """This stage's and TP rank's replicas (pipeline layouts; None otherwise)."""
+        return self._built.get("dp")
+
+    @property
+    def ends_group(self) -> Any:
+        """The first and last stage of this rank's replica and TP rank (None without stages)."""
+        return self._built.get("ends")
+
+    @property
+    def host_group(self) -> Any:
+        """The gloo group of the host-side collectives on GPUs (None: the default group serves)."""
+        return self._built.get("host")
+
+    @property
+    def checkpoint_group(self) -> Any:
+        """The gloo group of the asynchronous sharded checkpointer (None when not asked for)."""
+        return self._built.get("checkpoint")
 
 
-def make_accelerator(precision: str, topo: Topology) -> Accelerator:
+Topology = ParallelDims
+"""The former name, kept for bench/ scripts that still import it."""
+
+
+def make_accelerator(precision: str, topo: ParallelDims) -> Accelerator:
     from accelerate import Accelerator
 
     if not topo.sharded or topo.pp > 1:  # pipeline stages: trainer/pipeline_parallel.py
@@ -117,13 +228,10 @@ def make_accelerator(precision: str, topo: Topology) -> Accelerator:
     return acc
 
 
-def make_mesh(topo: Topology, device_type: str) -> DeviceMesh:
-    """(dp, tp); with HSDP (replicate, shard) -- both data-parallel, ranks of a node adjacent."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if topo.replicate > 1:
-        return init_device_mesh(device_type, (topo.replicate, topo.shard), mesh_dim_names=("replicate", "shard"))
-    return init_device_mesh(device_type, (topo.dp, topo.tp), mesh_dim_names=("dp", "tp"))
+def make_mesh(topo: ParallelDims, device_type: str) -> DeviceMesh:
+    """The layout's device mesh (`ParallelDims.build`, which makes it): (dp, tp); with HSDP
+    (replicate, shard); with stages (pp, dp, tp)."""
+    return topo.build(device_type).mesh
 
 
 def apply_tp_plan(arch: Any, model: torch.nn.Module, mesh: DeviceMesh) -> None:
@@ -202,7 +310,7 @@ def mixed_precision_policy(precision: str, reduce_dtype: str) -> Any:
     return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=torch.float32 if reduce_dtype == "fp32" else param)
 
 
-def build_model(spec: ExperimentSpec, topo: Topology, device: torch.device, seed: int,
+def build_model(spec: ExperimentSpec, topo: ParallelDims, device: torch.device, seed: int,
                 init_from: Path | None = None, mesh: DeviceMesh | None = None,
                 compile_backend: str | None = None) -> torch.nn.Module:
     """The causal LM for this rank: plain on one device, or FSDP/TP-sharded on `mesh`; its
@@ -211,7 +319,7 @@ def build_model(spec: ExperimentSpec, topo: Topology, device: torch.device, seed
     return materialize(model, buffers, spec.model, device, seed, init_from)
 
 
-def shard_on_meta(spec: ExperimentSpec, topo: Topology, mesh: DeviceMesh | None = None,
+def shard_on_meta(spec: ExperimentSpec, topo: ParallelDims, mesh: DeviceMesh | None = None,
                   compile_backend: str | None = None) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """The model on the meta device with activation checkpointing, TP, per-block compile (with
     `compile_backend`; none by default) and FSDP applied, and its buffers' values (real): no
@@ -279,6 +387,16 @@ def materialize(model: torch.nn.Module, buffers: dict[str, torch.Tensor], arch: 
     return built
 
 
+def tied_model(arch: Any, model: Any) -> Any:
+    """`model` (built on the meta device) with its embedding / LM head tied as `materialize` ties the
+    trained model: the names a tied tensor goes by (pipeline stages, checkpoints of stages)."""
+    model.to_empty(device="meta")  # as `materialize` does: to_empty, then tie
+    tie = getattr(model, "tie_weights", None)
+    if arch.tie_word_embeddings and tie is not None:
+        tie()
+    return model
+
+
 def _copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
     """Write this rank's part of `full` into `param` (plain, or a DTensor shard: slicing only)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
@@ -325,7 +443,7 @@ def local_and_total_params(model: torch.nn.Module) -> tuple[int, int]:
     return local, total
 
 
-def assert_sharded(model: torch.nn.Module, topo: Topology) -> tuple[int, int]:
+def assert_sharded(model: torch.nn.Module, topo: ParallelDims) -> tuple[int, int]:
     """Fail loudly unless this rank holds about total / shard degree of the parameters."""
     from torch.nn.parallel import DistributedDataParallel
 

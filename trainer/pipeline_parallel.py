@@ -35,12 +35,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer.state import StepResult
+from trainer.parallel import tied_model
 from validation.errors import TrainingError
+from validation.rules import virtual_stages_per_rank
 
 if TYPE_CHECKING:
     import torch
 
+    from trainer.parallel import ParallelDims
     from validation.spec import ExperimentSpec
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
@@ -229,15 +231,6 @@ def _stage_module(shell: Any, is_first: bool, is_last: bool) -> Any:
     return Stage()
 
 
-def tied_model(arch: Any, model: Any) -> Any:
-    """`model` with its embedding / LM head tied as the trained model has them (trainer/parallel.py)."""
-    model.to_empty(device="meta")  # as `materialize` does: to_empty, then tie
-    tie = getattr(model, "tie_weights", None)
-    if arch.tie_word_embeddings and tie is not None:
-        tie()
-    return model
-
-
 def build_holder(spec: ExperimentSpec, layout: StageLayout, device: torch.device, seed: int) -> Any:
     """The full model's structure holding this rank's parameters only (names unchanged), seeded
     exactly as the one-process model (every draw made, only the owned ones kept)."""
@@ -261,7 +254,6 @@ def build_holder(spec: ExperimentSpec, layout: StageLayout, device: torch.device
                     module._parameters[pname] = torch.nn.Parameter(torch.empty_like(param, device="meta"))
                 seen.add(id(param))
     holder.to_empty(device=device)
-    holder.pipeline_stages = True  # checkpoints key the optimizer's param groups per name (trainer/checkpoint/sharded.py)
     aliases: dict[int, list[str]] = {}
     for name, param in full.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(param), []).append(name)
@@ -296,69 +288,47 @@ def tied_names(spec: ExperimentSpec, holder: Any) -> list[str]:
 
 
 class PipelineEngine:
-    """One rank's stages, schedule and process groups; `step` is trainer/step.py's counterpart."""
+    """One rank's stages and their schedule, on the mesh and groups of `ParallelDims`; the step
+    itself is trainer/step.py's (`PipelineSchedule` is how its forward and backward run)."""
 
-    def __init__(self, spec: ExperimentSpec, world: int, rank: int, device: torch.device, seed: int,
+    def __init__(self, spec: ExperimentSpec, dims: ParallelDims, device: torch.device, seed: int,
                  compile_backend: str | None = None):
-        import torch.distributed as dist
-
-        from trainer.parallel import Topology
-
         layout = spec.parallel_layout()
-        # Stage outermost, TP innermost, and whether the stages are FSDP-sharded: the topology's.
-        topo = Topology.from_layout(layout, world, rank)
-        self.pp, self.tp, self.dp, self.schedule_name = topo.pp, topo.tp, topo.dp, layout.pp_schedule
-        self.rank, self.world, self.device = rank, world, device
-        self.pp_rank, self.dp_rank, self.tp_rank = topo.pp_rank, topo.dp_rank, topo.tp_rank
-        virtual = 2 if self.schedule_name == "interleaved_1f1b" else 1
+        self.dims = dims
+        self.pp, self.tp, self.dp, self.schedule_name = dims.pp, dims.tp, dims.dp, layout.pp_schedule
+        self.rank, self.world, self.device = dims.rank, dims.world, device
+        self.pp_rank, self.dp_rank, self.tp_rank = dims.pp_rank, dims.dp_rank, dims.tp_rank
+        virtual = virtual_stages_per_rank(self.schedule_name)
         split = stage_split(spec.model.num_layers, self.pp * virtual, layout.pp_split)
         self.layout = StageLayout(self.pp, virtual, split, self.pp_rank)
         self.spec = spec
-        # Every rank creates every group, in the same order (new_group is collective).
-        self.pp_group: Any = None
-        self.dp_group: Any = None
-        self.ends_group: Any = None
-        for d in range(self.dp):
-            for t in range(self.tp):
-                g = dist.new_group([self.global_rank(p, d, t) for p in range(self.pp)])
-                if (d, t) == (self.dp_rank, self.tp_rank):
-                    self.pp_group = g
-        for p in range(self.pp):
-            for t in range(self.tp):
-                g = dist.new_group([self.global_rank(p, d, t) for d in range(self.dp)])
-                if (p, t) == (self.pp_rank, self.tp_rank):
-                    self.dp_group = g
-        for d in range(self.dp):
-            for t in range(self.tp):
-                g = dist.new_group([self.global_rank(0, d, t), self.global_rank(self.pp - 1, d, t)])
-                if (d, t) == (self.dp_rank, self.tp_rank):
-                    self.ends_group = g
+        dims.build(device.type)  # the mesh and the groups (a no-op when the trainer built them)
+        self.pp_group, self.dp_group, self.ends_group = dims.pp_group, dims.dp_group, dims.ends_group
         self.holder = build_holder(spec, self.layout, device, seed)
         self.tied = tied_names(spec, self.holder)
         self.stages = [build_stage(spec.model, self.layout, s, self.holder, spec.train.activation_checkpointing,
                                    compile_backend) for s in self.layout.my_stages()]
-        # TP goes with FSDP over the replicas (`Topology.from_layout`: all parameters DTensors,
+        # TP goes with FSDP over the replicas (`ParallelDims.from_layout`: all parameters DTensors,
         # one optimizer kernel; over one replica a no-op shard).
-        self.fsdp = topo.fsdp
+        self.fsdp = dims.fsdp
         if self.fsdp:
             self._shard(spec)
         self.schedule: Any = None
-        self.schedule_micro = 0
+        self.schedule_shape = (0, 0)
         self.global_tokens = 1.0
 
     def _shard(self, spec: ExperimentSpec) -> None:
         """TP inside each stage, then FSDP over each stage's replicas (torchtitan's order; PP x TP x
-        FSDP): the stage's blocks get the architecture's TP plan on the `tp` axis of a (pp, dp, tp)
-        mesh; with FSDP every block is a unit and the stage (embeddings, norm, head) the root, on
-        the `dp` axis. FSDP averages the gradients over the replicas, so each replica's loss is
+        FSDP): the stage's blocks get the architecture's TP plan on the `tp` axis of the (pp, dp, tp)
+        mesh (`ParallelDims`); with FSDP every block is a unit and the stage (embeddings, norm, head)
+        the root, on the `dp` axis. FSDP averages the gradients over the replicas, so each replica's loss is
         scaled by dp (`step`): the same sum as DDP's (a divide factor of 1 would need gloo's
         missing PREMUL_SUM). The holder then names the sharded parameters (DTensors)."""
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         from trainer.parallel import apply_tp_plan, mixed_precision_policy
 
-        mesh = init_device_mesh(self.device.type, (self.pp, self.dp, self.tp), mesh_dim_names=("pp", "dp", "tp"))
+        mesh = self.dims.mesh
         for stage in self.stages:
             if self.tp > 1:
                 apply_tp_plan(spec.model, stage.shell, mesh["tp"])
@@ -375,12 +345,9 @@ class PipelineEngine:
                     if param is not None:
                         modules[name]._parameters[pname] = param
 
-    def global_rank(self, pp_rank: int, dp_rank: int | None = None, tp_rank: int | None = None) -> int:
-        """The process of stage rank `pp_rank` in replica `dp_rank` at TP rank `tp_rank` (this
-        rank's replica and TP rank by default)."""
-        d = self.dp_rank if dp_rank is None else dp_rank
-        t = self.tp_rank if tp_rank is None else tp_rank
-        return (pp_rank * self.dp + d) * self.tp + t
+    def global_rank(self, pp_rank: int) -> int:
+        """The process of stage rank `pp_rank` in this rank's replica and TP rank."""
+        return self.dims.global_rank(pp_rank)
 
     def _make_schedule(self, micro: int, accum: int) -> Any:
         import torch
@@ -412,52 +379,6 @@ class PipelineEngine:
 
     def parameters(self) -> list[Any]:
         return list(self.holder.parameters())
-
-    def step(self, comm: Any, optimizer: Any, scheduler: Any, batches: list[dict[str, Any]], max_norm: float,
-             sigterm: bool, autocast: Any) -> StepResult:
-        import numpy as np
-        import torch
-
-        accum, micro = len(batches), len(batches[0]["input_ids"])
-        if self.schedule is None or self.schedule_micro != micro:
-            self.schedule, self.schedule_micro = self._make_schedule(micro, accum), micro
-        counts = [int((b["labels"][:, 1:] != -100).sum()) for b in batches]
-        (total,) = comm.all_reduce([float(sum(counts))])
-        # Every stage and TP rank of a replica counted its rows; FSDP averages over dp.
-        self.global_tokens = max(total / (self.pp * self.tp), 1.0) / (self.dp if self.fsdp else 1)
-        rows: dict[str, int] = {}
-        for b in batches:
-            for src in b["sources"]:
-                rows[src] = rows.get(src, 0) + 1
-        cat = {k: torch.from_numpy(np.concatenate([b[k] for b in batches])).to(self.device)
-               for k in ("input_ids", "labels", "position_ids")}
-        kwargs = {"ids": cat["input_ids"], "position_ids": cat["position_ids"], "labels": cat["labels"]}
-        losses: list[torch.Tensor] = []
-        args = (cat["input_ids"],) if self.pp_rank == 0 else ()
-        with autocast():
-            self.schedule.step(*args, target=cat["labels"], losses=losses, return_outputs=False, **kwargs)
-        # The last stage's TP ranks hold the same loss; FSDP's scaling undone.
-        local_loss = (float(sum(float(x.detach()) for x in losses)) / ((self.dp if self.fsdp else 1) * self.tp)
-                      if losses else 0.0)
-        self._sync_grads()
-        params = [p for p in self.holder.parameters() if p.grad is not None]
-        tied = {id(p) for n, p in self.holder.named_parameters() if n in self.tied}
-        counted = [p for p in params if not (id(p) in tied and self.pp_rank != 0)]
-        # A tensor whole on every TP rank is counted by each: once per TP group.
-        sq = float(sum(float(_local(p.grad).detach().float().pow(2).sum()) / (1 if _tp_split(p) else self.tp)
-                       for p in counted))
-        loss_value, sq_total, any_term = comm.all_reduce([local_loss, sq, float(sigterm)])
-        # Replicated over dp (each replica counted it), or FSDP shards (each counted once).
-        grad_norm = math.sqrt(sq_total / (1 if self.fsdp else self.dp))
-        coef = min(1.0, max_norm / (grad_norm + 1e-6))
-        if coef < 1.0:
-            for p in params:
-                p.grad.detach().mul_(coef)
-        if math.isfinite(loss_value) and math.isfinite(grad_norm):
-            optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss_value, grad_norm, sigterm=any_term > 0, rows=rows)
 
     def _sync_grads(self) -> None:
         import torch
@@ -539,24 +460,129 @@ class EvalModel:
             s.train()
 
 
-class PipelineStepRunner:
-    """trainer/step.py's `StepRunner` interface over a `PipelineEngine` (loss and norm read every step)."""
+class PipelineSchedule:
+    """trainer/step.py's `ForwardBackward` for pipeline stages: every micro-batch's forward and
+    backward run by the schedule; the gradients of a tied embedding / LM head summed across the
+    two ends and, over DDP replicas, across the replicas; the norm de-duplicated over TP and the
+    tied copy. The step around it (consensus, clipping, skip, scheduler) is the one step."""
 
-    def __init__(self, engine: PipelineEngine, optimizer: Any, scheduler: Any, comm: Any, grad_clip: float | None,
-                 autocast: Any):
-        self.engine, self.optimizer, self.scheduler, self.comm = engine, optimizer, scheduler, comm
-        self.max_norm = grad_clip or float("inf")
-        self.autocast = autocast
-        self.replicas = 1
+    def __init__(self, engine: PipelineEngine, comm: Any, autocast: Any):
+        self.engine, self.comm, self.autocast = engine, comm, autocast
+        self.loss_divisor = 1  # the last stage's shares are divided by their duplicates already
 
-    @property
-    def defer(self) -> bool:
-        return False
+    def global_tokens(self, total: float) -> float:
+        e = self.engine
+        # Every stage and TP rank of a replica counted its rows; FSDP averages over dp.
+        e.global_tokens = max(total / (e.pp * e.tp), 1.0) / (e.dp if e.fsdp else 1)
+        return e.global_tokens
 
-    @defer.setter
-    def defer(self, value: bool) -> None:
-        """Deferred device reads are not implemented for pipelines: every step is read."""
+    def run(self, s: int, batches: list[dict[str, Any]], counts: list[int], global_tokens: float) -> list[Any]:
+        import numpy as np
+        import torch
 
-    def __call__(self, s: int, batches: list[dict[str, Any]], sigterm: bool) -> StepResult:
-        return self.engine.step(self.comm, self.optimizer, self.scheduler, batches, self.max_norm, sigterm,
-                                self.autocast)
+        e = self.engine
+        shape = (len(batches[0]["input_ids"]), len(batches))
+        if e.schedule is None or e.schedule_shape != shape:  # a new micro batch (out-of-memory fallback)
+            e.schedule, e.schedule_shape = e._make_schedule(*shape), shape
+        cat = {k: torch.from_numpy(np.concatenate([b[k] for b in batches])).to(e.device)
+               for k in ("input_ids", "labels", "position_ids")}
+        kwargs = {"ids": cat["input_ids"], "position_ids": cat["position_ids"], "labels": cat["labels"]}
+        losses: list[torch.Tensor] = []
+        args = (cat["input_ids"],) if e.pp_rank == 0 else ()
+        with self.autocast():
+            e.schedule.step(*args, target=cat["labels"], losses=losses, return_outputs=False, **kwargs)
+        return losses
+
+    def _duplicates(self) -> int:
+        """The last stage's TP ranks hold the same loss; FSDP's scaling undone."""
+        e = self.engine
+        return (e.dp if e.fsdp else 1) * e.tp
+
+    def loss_share(self, contributions: list[Any], host: bool) -> Any:
+        import torch
+
+        if host:
+            return (float(sum(float(x.detach()) for x in contributions)) / self._duplicates()
+                    if contributions else 0.0)
+        if not contributions:
+            return torch.zeros((), device=self.engine.device)
+        return torch.stack([x.detach().float().reshape(()) for x in contributions]).sum() / self._duplicates()
+
+    def discard(self) -> None:
+        """Nothing is pending: the schedule ran every backward."""
+
+    def finish_backward(self) -> None:
+        self.engine._sync_grads()
+
+    def clip(self, max_norm: float, host: bool) -> Any:
+        import torch
+
+        e = self.engine
+        params = [p for p in e.holder.parameters() if p.grad is not None]
+        tied = {id(p) for n, p in e.holder.named_parameters() if n in e.tied}
+        counted = [p for p in params if not (id(p) in tied and e.pp_rank != 0)]
+        if host:
+            # A tensor whole on every TP rank is counted by each: once per TP group.
+            sq = float(sum(float(_local(p.grad).detach().float().pow(2).sum()) / (1 if _tp_split(p) else e.tp)
+                           for p in counted))
+            (sq_total,) = self.comm.all_reduce([sq])
+            # Replicated over dp (each replica counted it), or FSDP shards (each counted once).
+            grad_norm = math.sqrt(sq_total / (1 if e.fsdp else e.dp))
+            coef = min(1.0, max_norm / (grad_norm + 1e-6))
+            if coef < 1.0:
+                for p in params:
+                    p.grad.detach().mul_(coef)
+            return grad_norm
+        import torch.distributed as dist
+
+        # The same sums on the device (no host read): one all-reduce of the squared norm.
+        sq_t = torch.zeros((), dtype=torch.float32, device=e.device)
+        for p in counted:
+            sq_t += _local(p.grad).detach().float().pow(2).sum() / (1 if _tp_split(p) else e.tp)
+        if e.world > 1:
+            dist.all_reduce(sq_t)
+        norm = (sq_t / (1 if e.fsdp else e.dp)).sqrt()
+        coef_t = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for p in params:
+            p.grad.detach().mul_(coef_t)
+        return norm
+
+
+class Stages:
+    """The model parts of a pipeline rank (trainer/model_parts.py): one part per stage it runs.
+
+    `owner` is the holder, this rank's parameters under the model's own names (what the
+    optimizer, the checkpoint and the export read); a tied LM head on the last stage is its own
+    tensor, keyed in checkpoints by the embedding's name (`tied_aliases`)."""
+
+    staged = True
+
+    def __init__(self, engine: PipelineEngine):
+        self.engine = engine
+        self.parts: list[Any] = list(engine.stages)
+        self.owner: Any = engine.holder
+        arch = engine.spec.model
+        self.tied_aliases: dict[str, str] = ({alias: names[0] for names in tied_groups(arch) for alias in names[1:]}
+                                             if arch.tie_word_embeddings else {})
+
+    def prepare(self, accelerator: Any, optimizer: Any) -> Any:
+        """Nothing to wrap: the stages are sharded already (`PipelineEngine`)."""
+        return optimizer
+
+    def forward_backward(self, accelerator: Any, comm: Any, faults: Any) -> PipelineSchedule:
+        return PipelineSchedule(self.engine, comm, accelerator.autocast)
+
+    def eval_model(self) -> EvalModel:
+        return EvalModel(self.engine)
+
+    def parameter_count(self, comm: Any) -> int:
+        """The whole model's parameters, counted on the stages: each rank's (a tied head's copy
+        not twice), summed over the stages (every replica and TP rank holds the same counts)."""
+        local = sum(p.numel() for n, p in self.owner.named_parameters() if n not in self.tied_aliases)
+        (total,) = comm.all_reduce([float(local)])
+        return int(total) // (self.engine.dp * self.engine.tp)
+
+    def local_params(self, dims: Any) -> int:
+        from trainer.parallel import local_and_total_params
+
+        return local_and_total_params(self.owner)[0]  # this rank's stages (FSDP: their shards)

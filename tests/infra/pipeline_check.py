@@ -64,9 +64,11 @@ def run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
 
     from tests.infra.trainer_runs import spec_dict
     from trainer.collectives import Collectives
+    from trainer.faults import FaultPlan
     from trainer.optim import build_optimizer, build_scheduler
-    from trainer.parallel import Topology, build_model
-    from trainer.pipeline_parallel import PipelineEngine
+    from trainer.parallel import ParallelDims, build_model
+    from trainer.pipeline_parallel import PipelineEngine, PipelineSchedule
+    from trainer.step import StepRunner
     from validation.plan.memory import checkpointed_blocks
     from validation.spec import ExperimentSpec
 
@@ -78,7 +80,8 @@ def run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
     spec = ExperimentSpec.model_validate(d)
     seq, vocab, seed = spec.data.seq_len, spec.model.vocab_size, spec.train.seed
     device = torch.device("cpu")
-    engine = PipelineEngine(spec, 2, rank, device, seed, compile_backend=case.get("compile"))
+    dims = ParallelDims.from_layout(spec.parallel_layout(), 2, rank).build(device.type)
+    engine = PipelineEngine(spec, dims, device, seed, compile_backend=case.get("compile"))
     # The blocks this rank recomputes are those the spec's checkpointing names among its own.
     mine = {i for s in engine.layout.my_stages() for i in engine.layout.split[s]}
     wrapped = {int(i) for stage in engine.stages for i, block in stage.shell.get_submodule(
@@ -88,15 +91,17 @@ def run_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
     optimizer = build_optimizer(engine.holder, spec.train, spec.model)
     scheduler = build_scheduler(optimizer, spec.train, 10)
     comm = Collectives(2, device)
+    runner = StepRunner(PipelineSchedule(engine, comm, contextlib.nullcontext), optimizer, scheduler, comm,
+                        FaultPlan(), 0.5)
     ref = ref_opt = ref_sched = None
     if rank == 0:
-        ref = build_model(spec, Topology(world=1, rank=0, dp=1, tp=1, fsdp=False), device, seed)
+        ref = build_model(spec, ParallelDims(world=1, rank=0, dp=1, tp=1, fsdp=False), device, seed)
         ref_opt = build_optimizer(ref, spec.train, spec.model)
         ref_sched = build_scheduler(ref_opt, spec.train, 10)
     out: dict[str, Any] = {"loss": [], "grad_norm": []}
     for step in range(2):
         batches = _batches(case["accum"], 2, seq, vocab, step)
-        res = engine.step(comm, optimizer, scheduler, batches, 0.5, False, contextlib.nullcontext)
+        res = runner(step, batches, False)
         if rank == 0:
             loss, norm = _reference_step(ref, ref_opt, batches, 0.5)
             ref_sched.step()

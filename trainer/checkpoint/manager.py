@@ -1,6 +1,7 @@
 """`CheckpointManager`: the one checkpoint object the training loop holds.
 
-It knows the live training objects (model, optimizer, scheduler, grad scaler) and the ranks;
+It knows the live training objects (the model parts, optimizer, scheduler, grad scaler) and the
+parallel dims (trainer/parallel.py `ParallelDims`: the layout, the ranks, the checkpointer's group);
 the layout's `Storage` (unsharded or sharded) writes and reads model and optimizer, the one
 `CheckpointWriter` publishes. The manager saves (and times the stall), restores (any layout
 into any other, rescaling the micro batch so the global batch stays), and picks the
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
 
+    from trainer.model_parts import ModelParts
+    from trainer.parallel import ParallelDims
     from validation.spec import ExperimentSpec
 
 log = logging.getLogger("trainer.checkpoint")
@@ -49,8 +52,9 @@ class Live:
 
     spec: ExperimentSpec
     accelerator: Accelerator
-    model: torch.nn.Module
-    """The unwrapped model (its state_dict keys are the checkpoint's)."""
+    parts: ModelParts
+    """The model parts (trainer/model_parts.py): their `owner`'s state_dict keys are the checkpoint's."""
+    dims: ParallelDims
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     comm: Collectives
@@ -62,6 +66,12 @@ class Live:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """This rank's parameters under the model's own names (the unwrapped model, the stages' holder)."""
+        owner: torch.nn.Module = self.parts.owner
+        return owner
 
 
 class Storage(Protocol):
@@ -81,14 +91,16 @@ class Storage(Protocol):
 
 
 class CheckpointManager:
-    def __init__(self, spec: ExperimentSpec, root: Path, accelerator: Accelerator, raw_model: torch.nn.Module,
+    def __init__(self, spec: ExperimentSpec, root: Path, accelerator: Accelerator, parts: ModelParts,
                  optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-                 comm: Collectives, rank: int, on_event: EventSink, *, sharded: bool = False,
-                 dp: int | None = None, layout: dict[str, Any] | None = None):
+                 comm: Collectives, dims: ParallelDims, on_event: EventSink):
+        """One checkpoint path for every layout: `dims` says whether the parts are sharded (DCP,
+        every rank its shard) or whole (rank 0 writes), and under which layout saves are recorded."""
         self.spec = spec
         self.root = Path(root)
-        self.dp = dp or comm.world  # data-parallel size: the global batch is micro x accum x dp
-        self.layout = layout or layout_record(comm.world, self.dp, 1, 1)
+        self.dp = dims.dp  # data-parallel size: the global batch is micro x accum x dp
+        self.layout = layout_record(dims.world, dims.dp, dims.tp, dims.shard, dims.replicate, dims.pp)
+        rank = dims.rank
         self.resharded: str | None = None
         """Set by `load` when the checkpoint was written under another layout (the P2 event's text)."""
         self.comm = comm
@@ -97,8 +109,8 @@ class CheckpointManager:
         self.on_event = on_event
         self.stalls: list[float] = []  # seconds training waited per save
         self.writer = CheckpointWriter(self.root, spec.train.keep_last, spec.train.async_checkpoint, on_event)
-        self.live = Live(spec, accelerator, raw_model, optimizer, scheduler, comm, rank, self.layout, self.writer)
-        self.storage: Storage = ShardedStorage(self.live) if sharded else UnshardedStorage(self.live)
+        self.live = Live(spec, accelerator, parts, dims, optimizer, scheduler, comm, rank, self.layout, self.writer)
+        self.storage: Storage = ShardedStorage(self.live) if dims.sharded else UnshardedStorage(self.live)
 
     # ------------------------------------------------------------------ save
 
@@ -131,7 +143,7 @@ class CheckpointManager:
 
         path, live, world = Path(path), self.live, self.dp
         if is_sharded(path):  # written by a sharded layout: DCP reshards into any layout
-            load_shards(path, live.model, live.optimizer, self.spec.model)
+            load_shards(path, live.parts, live.optimizer)
         else:
             self.storage.load_unsharded(path)
         scheduler = torch.load(path / SCHEDULER, map_location="cpu", weights_only=False)

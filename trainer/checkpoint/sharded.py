@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     import torch
 
     from trainer.checkpoint.manager import Live
+    from trainer.model_parts import ModelParts
     from trainer.state import TrainState
 
 
@@ -93,16 +94,6 @@ def indexed_groups(keys: set[str]) -> bool:
     return any(re.match(r"optim\.param_groups\.\d+\.", k) for k in keys)
 
 
-def tied_aliases(model: torch.nn.Module, arch: Any) -> dict[str, str]:
-    """Each tied parameter name -> the name the one-model layouts key it by (the first of its
-    names, the input embedding): a pipeline's last stage holds the LM head as its own tensor."""
-    from trainer.pipeline_parallel import tied_groups
-
-    if not getattr(model, "pipeline_stages", False) or not arch.tie_word_embeddings:
-        return {}
-    return {alias: names[0] for names in tied_groups(arch) for alias in names[1:]}
-
-
 def _aliased(key: str, keys: set[str], aliases: dict[str, str]) -> str | None:
     """Where `key` (flattened, `model.`/`optim.` prefixed) is in a checkpoint with `keys`."""
     if key in keys:
@@ -118,12 +109,12 @@ def _aliased(key: str, keys: set[str], aliases: dict[str, str]) -> str | None:
     return None
 
 
-def load_shards(directory: Path, model: torch.nn.Module, optimizer: Any, arch: Any = None) -> None:
-    """Load model and optimizer from a DCP checkpoint written by any layout (reshards).
+def load_shards(directory: Path, parts: ModelParts, optimizer: Any) -> None:
+    """Load the model parts and the optimizer from a DCP checkpoint written by any layout (reshards).
 
     Pipeline stages read their own parameters' keys; a tied LM head on the last stage reads the
     input embedding's keys when the checkpoint was written by a layout that holds them as one
-    tensor (and the other way round, the one-model layouts ignore the head's copy)."""
+    tensor (`parts.tied_aliases`; the other way round, the one-model layouts ignore the head's copy)."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import set_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -132,12 +123,12 @@ def load_shards(directory: Path, model: torch.nn.Module, optimizer: Any, arch: A
 
     keys = checkpoint_keys(directory)
     old = indexed_groups(keys)
-    staged = getattr(model, "pipeline_stages", False)
+    model, staged = parts.owner, parts.staged
     if old and staged:
         raise TrainingError(f"{directory}: written before checkpoints keyed the optimizer by parameter name; "
                             "pipeline stages cannot read it: continue it with parallel.pp 1")
     model_sd, optim_sd = state_dicts(model, optimizer, flatten=not old)
-    aliases = tied_aliases(model, arch) if arch is not None else {}
+    aliases = parts.tied_aliases
     wanted: dict[str, Any] = {}
     where: dict[str, str] = {}
     for prefix, part in (("model.", model_sd), ("optim.", optim_sd)):
@@ -262,7 +253,7 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def load_legacy(directory: Path, model: torch.nn.Module, optimizer: Any, arch: Any, train: Any) -> None:
+def load_legacy(directory: Path, parts: ModelParts, optimizer: Any, arch: Any, train: Any) -> None:
     """A one-process / DDP checkpoint (model.safetensors + optimizer.pt) into a sharded model or
     pipeline stages: weights streamed tensor by tensor; the optimizer state (indexed by parameter
     position, in the order `build_optimizer` lists the whole model's) re-keyed by name and
@@ -273,20 +264,19 @@ def load_legacy(directory: Path, model: torch.nn.Module, optimizer: Any, arch: A
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     from trainer.optim import build_optimizer
-    from trainer.parallel import _copy_full_into, load_full_weights
-    from trainer.pipeline_parallel import tied_model
+    from trainer.parallel import _copy_full_into, load_full_weights, tied_model
 
+    model, staged, aliases = parts.owner, parts.staged, parts.tied_aliases
     load_full_weights(model, directory, arch)
     saved = torch.load(Path(directory) / OPTIMIZER, map_location="cpu", weights_only=False)
     opt = _optimizer(optimizer)
     names = {id(p): n for n, p in model.named_parameters()}
-    staged = getattr(model, "pipeline_stages", False)
     if staged:  # the file omits a tied LM head: the last stage's copy is the embedding's tensor
         from safetensors import safe_open
 
         mine = dict(model.named_parameters())
         with safe_open(str(Path(directory) / MODEL), framework="pt") as fh, torch.no_grad():
-            for alias, name in tied_aliases(model, arch).items():
+            for alias, name in aliases.items():
                 if alias in mine and alias not in fh.keys():
                     _copy_full_into(mine[alias], fh.get_tensor(name))
     if staged:  # the position of each name in the whole model's optimizer (built on meta tensors)
@@ -301,7 +291,6 @@ def load_legacy(directory: Path, model: torch.nn.Module, optimizer: Any, arch: A
         order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
     state = {order[int(i)]: v for i, v in saved["state"].items()}
     if staged:
-        aliases = tied_aliases(model, arch)
         params = dict(model.named_parameters())
         state = {n: state[aliases.get(n, n)] for n in params if aliases.get(n, n) in state}
         flat: dict[str, Any] = {}
@@ -345,11 +334,10 @@ class ShardedStorage:
         self.live = live
         self._pending: tuple[int, Path, dict[str, Any], float] | None = None
         self._bg_error: str | None = None
-        self._group: Any = None
-        if live.writer.async_save:
-            import torch.distributed as dist
-
-            self._group = dist.new_group(backend="gloo")  # collective: every rank builds its manager here
+        # Its own gloo group (`ParallelDims.checkpoint_group`): background writes never interleave
+        # with training's collectives.
+        self._group: Any = live.dims.checkpoint_group if live.writer.async_save else None
+        assert self._group is not None or not live.writer.async_save, "ParallelDims.build(checkpoint_group=True)"
 
     def describe(self) -> str:
         return f"sharded, {self.live.comm.world} ranks, {'async' if self._group is not None else 'sync'}"
@@ -441,4 +429,4 @@ class ShardedStorage:
 
     def load_unsharded(self, path: Path) -> None:
         """A checkpoint written by one process or DDP into this sharded model."""
-        load_legacy(path, self.live.model, self.live.optimizer, self.live.spec.model, self.live.spec.train)
+        load_legacy(path, self.live.parts, self.live.optimizer, self.live.spec.model, self.live.spec.train)
