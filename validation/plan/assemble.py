@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from validation.capability import TRAINER, ExecutionCapability
+from validation.eval_tasks import task_name
 from validation.plan.common import Locator, format_duration, no_location
 from validation.plan.compute import ComputeEstimate, RunCost, estimate_compute
 from validation.plan.cpu_speed import MeasuredCpu
@@ -139,8 +140,6 @@ def downstream_budget(spec: ExperimentSpec) -> str | None:
     """One line: the tasks, their example budget and the time budget of each run's evaluation."""
     if spec.eval is None:
         return None
-    from validation.eval_tasks import task_name
-
     tasks = ", ".join(f"{task_name(t) or t.path} ({t.limit} ex, {t.num_fewshot}-shot)" for t in spec.eval.tasks)
     return (f"{spec.eval.examples()} examples, at most {format_duration(spec.eval.time_budget_s)} per run, "
             f"rank 0 on the exported model: {tasks}")
