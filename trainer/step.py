@@ -11,7 +11,8 @@ below for one model (one process, DDP, FSDP, TP), the pipeline schedule for stag
 (trainer/pipeline_parallel.py `PipelineSchedule`). Everything else is the same for all:
 
 Two tiny collectives per optimizer step (none on one process): the global count of
-supervised tokens, and [loss, out-of-memory flag, SIGTERM flag] before the backward that
+supervised tokens (with an out-of-memory flag known before the forward), and [loss,
+out-of-memory flag, SIGTERM flag] before the backward that
 synchronises gradients across ranks, so every rank takes the same decision (retry with a
 smaller micro batch, save and exit) without leaving a peer stuck in a gradient all-reduce.
 Then the gradients are synchronised, clipped to `train.grad_clip`, and a step whose loss or
@@ -179,7 +180,11 @@ class StepRunner:
         import torch
 
         counts = [int((b["labels"][:, 1:] != -100).sum()) for b in batches]
-        (total,) = self.comm.all_reduce([float(sum(counts))])
+        # An out-of-memory error known before the forward (the injected one) rides on the token
+        # count, so no rank starts a forward whose collectives or stage-to-stage transfers a peer
+        # skips. One raised inside a forward is agreed on below (a peer waiting in a sharded
+        # forward's collective or a stage's receive cannot be released: no layout can).
+        total, oom_first = self.comm.all_reduce([float(sum(counts)), float(self.faults.oom_now(s + 1))])
         global_tokens = self.fb.global_tokens(total)
         rows: dict[str, int] = {}
         for b in batches:
@@ -188,7 +193,7 @@ class StepRunner:
         contributions: list[Any] = []
         oom = False
         try:
-            if self.faults.oom_now(s + 1):
+            if oom_first:
                 raise torch.OutOfMemoryError("injected out of memory (TRAINER_INJECT_OOM_AT_STEP)")
             contributions = self.fb.run(s, batches, counts, global_tokens)
         except Exception as exc:

@@ -104,6 +104,25 @@ def test_two_stages_killed_resume_bitwise_and_match_one_process(runs: dict[str, 
     assert (staged / "model" / "model.safetensors").is_file()
 
 
+def test_two_stages_take_the_one_step_out_of_memory_fallback_and_deferred_reads(
+        runs: dict[str, Path], data_dir: Path) -> None:  # noqa: F811
+    """The stages run trainer/step.py's one step: an out-of-memory error on the last stage at step 2
+    halves the micro batch on both stages (the schedule rebuilt for 4 micro-batches of 1), and with
+    the loss and grad norm left on the device (the GPU path) every step still matches the
+    uninterrupted pp 2 run (same rows and objective, another summation order)."""
+    code, run = run_trainer(runs["tmp"], data_dir, "pp2-oom", ranks=2, parallel={"dp": 1, "pp": 2},
+                            env={"TRAINER_INJECT_OOM_AT_STEP": "2", "TRAINER_INJECT_OOM_RANK": "1",
+                                 "TRAINER_DEFER_STEP_METRICS": "1"}, **RUN | {"checkpoint_interval": 1000})
+    assert code == 0, sorted(run.glob("stdout-*.log"))[-1].read_text()[-4000:]
+    result = json.loads((run / "result.json").read_text())
+    assert (result["micro_batch_size"], result["grad_accum_steps"], result["oom_fallbacks"]) == (1, 4, 1)
+    assert any(json.loads(line)["kind"] == "oom_fallback" for line in (run / "alerts.jsonl").read_text().splitlines())
+    for step in (1, 2, 3):
+        (want,) = _logged_steps(runs["pp2"], step)[-1:]
+        (got,) = _logged_steps(run, step)
+        assert relative(got[0], want[0]) <= 1e-5 and relative(got[1], want[1]) <= 1e-5, (step, got, want)
+
+
 def test_continue_between_two_stages_and_one_process_both_ways(runs: dict[str, Path], data_dir: Path) -> None:  # noqa: F811
     """`--continue-from` between pp 2 and pp 1: the pipeline's DCP shards (each stage its own
     parameters, the tied head as its own tensor on the last stage) load into the one model, and
