@@ -98,7 +98,7 @@ def expected_time(plan: Any, baseline_plan: Any) -> tuple[float, str]:
     if base_runs and baseline_plan is not None:
         total += base_runs * baseline_plan.compute.wall_seconds
         parts += f" + baseline {base_runs} x {minutes(baseline_plan.compute.wall_seconds)}"
-    how = (f"{parts} (the plan, at MFU {plan.compute.assumed_mfu:g}: {plan.compute.mfu_source}) + about "
+    how = (f"{parts} (the plan, at MFU {plan.compute.assumed_mfu:.2g}: {plan.compute.mfu_source}) + about "
            f"{minutes(OVERHEAD_S)} of corpus, checks, smoke run and report; runs already finished are reused")
     return total, how
 

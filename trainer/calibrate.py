@@ -2,8 +2,10 @@
 
 The spec's own model (built from config, seeded), its optimizer, its micro batch and sequence
 length and its precision, on synthetic tokens (one document per row), with as many threads as a
-training process gets: `warmup` steps, then `steps` timed ones (their mean: a run on a machine
-that others share lives their load too). What the plan prices a CPU run
+training process gets: `warmup` steps, then `steps` timed ones, of which the median step counts:
+a neighbour's burst during the seconds measured is not the machine's speed over the minutes of a
+run (the mean of one such measurement, 593 tokens/s, priced a run at 6.7 min that the median,
+17,400 tokens/s, priced at 15 s; idle runs take 14 s). What the plan prices a CPU run
 from, where the run happens on this machine (`pipeline demo`, `pipeline run`, `pipeline plan
 --measure`); the figure is what the trainer logs as `perf/mfu`, over one thread's peak.
 """
@@ -11,6 +13,7 @@ from, where the run happens on this machine (`pipeline demo`, `pipeline run`, `p
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 
 from validation.flops import device_peak, flops_per_token
@@ -58,7 +61,7 @@ def measure_cpu(spec: ExperimentSpec, threads: int, steps: int = STEPS, warmup: 
         del model, optimizer
     finally:
         torch.set_num_threads(previous)
-    tokens_per_s = rows * seq * len(times) / sum(times)  # as a run lives it: a busy neighbour counts
+    tokens_per_s = rows * seq / statistics.median(times)
     peak = device_peak(spec.resource, spec.train.precision)
     assert peak is not None  # a CPU always has one (validation.flops)
     utilisation = tokens_per_s * flops_per_token(spec.model, seq) / peak.flops_per_second(1)
