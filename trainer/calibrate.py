@@ -4,8 +4,8 @@ The spec's own model (built from config, seeded), its optimizer, its micro batch
 length and its precision, on synthetic tokens (one document per row), with as many threads as a
 training process gets: `warmup` steps, then `steps` timed ones, of which the median step counts:
 a neighbour's burst during the seconds measured is not the machine's speed over the minutes of a
-run (the mean of one such measurement, 593 tokens/s, priced a run at 6.7 min that the median,
-17,400 tokens/s, priced at 15 s; idle runs take 14 s). What the plan prices a CPU run
+run (two measurements a minute apart while other test suites ran: the mean of one 593 tokens/s,
+the median of the next 17,400; an idle run's loop logs 18,211). What the plan prices a CPU run
 from, where the run happens on this machine (`pipeline demo`, `pipeline run`, `pipeline plan
 --measure`); the figure is what the trainer logs as `perf/mfu`, over one thread's peak.
 """
