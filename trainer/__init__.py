@@ -44,6 +44,7 @@ decisions of its own. Modules:
   hf_checkpoint  weights exported in Hugging Face's layout and read back (`model/`, transformers)
   dry_run     the full-scale dry run of `pipeline plan --dry-run`: the real model on fake tensors,
               sharded by `parallel` over a fake process group, one step under torch's memory tracker
+              (pipeline layouts: the first and the last stage's ranks, each through the real schedule)
   measure     what an architecture declares, measured: parameters on the meta device, FLOPs on
               fake tensors (refusing uncounted ops), saved activations of one block
   calibrate   this machine's CPU speed now: a few training steps of a spec's own model, what the plan

@@ -10,7 +10,7 @@ How (torchtitan's scripts/estimate/estimation.py, taken further):
 - the layout is the plan's (`validation.preflight.make_plan`: `parallel: auto` resolved, with the
   micro batch, accumulation and checkpointing the plan chose);
 - `dist.init_process_group("fake")` of that world size (FakeStore: no peer, collectives return at
-  once) and the CPU device mesh of `trainer.parallel.make_mesh`; the model is built and sharded on
+  once) and the CPU device mesh of `trainer.parallel.ParallelDims`; the model is built and sharded on
   the meta device by `trainer.parallel.shard_on_meta` (TP plan, FSDP groups, mixed-precision policy,
   activation checkpointing), then allocated and initialised under `FakeTensorMode` by
   `trainer.parallel.materialize`: shapes, dtypes and placements are real, no byte is;
@@ -30,8 +30,12 @@ How (torchtitan's scripts/estimate/estimation.py, taken further):
   allocation depends on them), noted in the result.
 
 Ranks: data and tensor parallelism give every rank the same role (rank 0's shards are the largest
-under torch.chunk), so one rank is simulated; pipeline stages (not executable yet) would need the
-first and the last. A failure while sharding or stepping names the module that was running, or,
+under torch.chunk), so one rank is simulated. Pipeline stages differ: the ranks of the first stage
+(the most micro-batches in flight) and of the last (the LM head, logits and loss) of replica 0 are
+simulated, each on its own fake group, with the trainer's own `PipelineEngine` (its parameters
+drawn under fake tensors) and the real schedule of torch.distributed.pipelining over every
+micro-batch of the step (the fake group's transfers return at once); `stage_peaks` reports each,
+the larger is the layout's. A failure while sharding or stepping names the module that was running, or,
 after the backward, the gradient clipping or the optimizer step (`DryRunFailed`);
 `trainer.parallel.apply_tp_plan` names the weight dimension a TP degree does not split.
 
@@ -55,6 +59,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trainer.parallel import ParallelDims
 from validation.errors import DryRunFailed, TrainingError
 from validation.plan.common import GIB, MIB
 from validation.plan.memory import (
@@ -65,6 +70,7 @@ from validation.plan.memory import (
     KERNEL_WORKSPACE_BYTES,
     NCCL_BUFFER_BYTES,
 )
+from validation.rules import virtual_stages_per_rank
 
 if TYPE_CHECKING:
     from validation.spec import ExperimentSpec
@@ -115,6 +121,9 @@ class DryRun:
     seconds: float
     micro_batches: int
     notes: list[str] = field(default_factory=list)
+    stage_peaks: dict[str, int] = field(default_factory=dict)
+    """Pipeline layouts: the tracked peak of each simulated rank, named by the stages it runs
+    (`stage 0`, `stage 1`; interleaved: `stages 0+2`); `tracked_bytes` is the largest. Empty without stages."""
 
     @property
     def peak_bytes(self) -> int:
@@ -161,6 +170,8 @@ class DryRun:
         rows.append(f"  {'total':<20}{self.peak_bytes / size:>12.2f}{self.analytic_bytes / size:>14.2f}"
                     f"   (device {self.capacity_bytes / GIB:g} GiB; analytic/tracked without overhead "
                     f"{self.ratio:.2f})")
+        for name, value in self.stage_peaks.items():
+            rows.append(f"  tracked peak of {name}: {value / size:.2f} {unit}")
         rows.append("  unseen, added as constants: "
                     + ", ".join(f"{k} {v / size:.2f} {unit}" for k, v in self.unseen.items()))
         rows += [f"  note: {n}" for n in self.notes]
@@ -200,35 +211,30 @@ def planned_spec(spec: ExperimentSpec) -> tuple[ExperimentSpec, Any]:
 
 
 class DryRunUnavailable(Exception):  # noqa: N818 - a state, not a failure of the layout
-    """The layout is one the dry run does not simulate: said, not failed (the plan stands alone)."""
+    """The layout is one the dry run does not simulate: said, not failed (the plan stands alone).
+    Every layout the trainer executes is simulated today; callers still say so when one is not."""
 
 
 def dry_run(spec: ExperimentSpec, rank: int = 0) -> DryRun:
-    """Simulate rank `rank` of the planned layout for one training step; see the module doc.
-    Raises `DryRunFailed` when the layout fails at full size, `SpecError` when the plan refuses."""
+    """Simulate rank `rank` of the planned layout for one training step (pipeline stages: the
+    ranks of the first and the last stage of replica 0); see the module doc. Raises
+    `DryRunFailed` when the layout fails at full size, `SpecError` when the plan refuses."""
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     t0 = time.perf_counter()
     run_spec, plan = planned_spec(spec)
     layout = run_spec.parallel_layout()
     world = layout.dp * layout.tp * layout.pp
-    if layout.pp > 1:
-        raise DryRunUnavailable(f"pipeline stages (parallel.pp={layout.pp}) are not simulated by the dry run yet; "
-                                "the plan's memory (in-flight micro-batches and bubble included) is analytic only")
     if dist.is_initialized():
         raise DryRunFailed("dry run: a process group is already initialised in this process; run it on its own")
-    # DTensor warns that clipping's norm over a 2-D mesh takes two all-reduces: true on a GPU,
-    # noise on a fake process group.
-    quiet = logging.getLogger("torch.distributed.tensor._redistribute")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
-    try:
-        tracked, categories, tracker, micro, balanced, scalar_reads = _simulate(run_spec, world, rank)
-    finally:
-        dist.destroy_process_group()
-        quiet.setLevel(level)
+    ranks = [rank]
+    if layout.pp > 1:  # the first stage holds the most micro-batches in flight, the last the head and loss
+        dims = ParallelDims.from_layout(layout, world, 0, spec.resource.nodes)
+        ranks = sorted({dims.global_rank(0, 0, 0), dims.global_rank(layout.pp - 1, 0, 0)})
+    runs = {r: _on_fake_group(run_spec, world, r) for r in ranks}
+    peak_rank = max(runs, key=lambda r: runs[r][0])
+    tracked, categories, tracker, micro, balanced, scalar_reads = runs[peak_rank]
+    stage_peaks = {_stage_name(run_spec, world, r): runs[r][0] for r in ranks} if layout.pp > 1 else {}
     on_gpu = spec.resource.gpus_per_node > 0
     unseen = unseen_bytes(tracked, on_gpu, world)
     by_category = dict.fromkeys(CATEGORIES, 0)
@@ -247,13 +253,49 @@ def dry_run(spec: ExperimentSpec, rank: int = 0) -> DryRun:
                      "with 1 (fake tensors have no values; no shape depends on them)")
     if not on_gpu:
         notes.append("CPU run: resource.gpu_memory_gb is read as each process's memory")
+    if stage_peaks:
+        notes.append(f"pipeline stages: the ranks of {' and '.join(stage_peaks)} simulated, each running its "
+                     f"stages' part of the {layout.pp_schedule} schedule (all {micro} micro-batches); the larger "
+                     "peak is the layout's")
     return DryRun(
-        layout=plan.parallel.describe(), world_size=world, ranks_simulated=[rank], tracker=tracker,
+        layout=plan.parallel.describe(), world_size=world, ranks_simulated=ranks, tracker=tracker,
         tracked_bytes=tracked, by_category=by_category, tracker_categories=categories, unseen=unseen,
         analytic_bytes=int(memory.total_bytes), analytic_by_category=analytic,
         capacity_bytes=int(memory.capacity_bytes), seconds=time.perf_counter() - t0, micro_batches=micro,
-        notes=notes,
+        notes=notes, stage_peaks=stage_peaks,
     )
+
+
+def _on_fake_group(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, dict[str, int], str, int, bool, int]:
+    """`_simulate` (or `_simulate_stages`) rank `rank` inside a fake process group of `world`
+    ranks, destroyed however it ends."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    # DTensor warns that clipping's norm over a 2-D mesh takes two all-reduces: true on a GPU,
+    # noise on a fake process group.
+    quiet = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        if spec.parallel_layout().pp > 1:
+            return _simulate_stages(spec, world, rank)
+        return _simulate(spec, world, rank)
+    finally:
+        dist.destroy_process_group()
+        quiet.setLevel(level)
+
+
+def _stage_name(spec: ExperimentSpec, world: int, rank: int) -> str:
+    """`stage 0`, or `stages 0+2` for a rank of an interleaved schedule."""
+    from trainer.pipeline_parallel import StageLayout  # the pipelining code only for pipeline layouts
+
+    layout = spec.parallel_layout()
+    dims = ParallelDims.from_layout(layout, world, rank, spec.resource.nodes)
+    virtual = virtual_stages_per_rank(layout.pp_schedule)
+    stages = StageLayout(layout.pp, virtual, [], dims.pp_rank).my_stages()
+    return ("stage " if len(stages) == 1 else "stages ") + "+".join(map(str, stages))
 
 
 def _analytic_categories(memory: Any) -> dict[str, int]:
@@ -276,15 +318,15 @@ def _simulate(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, dict[st
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from trainer.optim import build_optimizer
-    from trainer.parallel import Topology, make_mesh, materialize, shard_on_meta
+    from trainer.parallel import materialize, shard_on_meta
 
     arch, train = spec.model, spec.train
     parallel = spec.parallel_layout()
     layout = f"dp={parallel.dp} tp={parallel.tp} pp={parallel.pp} fsdp={parallel.fsdp}"
     cpu = torch.device("cpu")
     try:
-        topo = Topology.from_layout(parallel, world, rank, spec.resource.nodes)
-        mesh = make_mesh(topo, cpu.type) if topo.sharded else None
+        topo = ParallelDims.from_layout(parallel, world, rank, spec.resource.nodes).build(cpu.type)
+        mesh = topo.mesh if topo.sharded else None
         model, buffers = shard_on_meta(spec, topo, mesh)
     except TrainingError as exc:
         raise DryRunFailed(f"dry run ({layout}): {exc}") from None
@@ -320,6 +362,119 @@ def _simulate(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, dict[st
     if buckets:
         categories["DDP buckets"] = buckets
     return total, categories, type(tracker).__name__, micro, routing.used, step.scalar_reads
+
+
+def _simulate_stages(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, dict[str, int], str, int, bool, int]:
+    """`_simulate` for a pipeline rank: its stages built by the trainer's own `PipelineEngine` on
+    the fake group (TP and FSDP inside each stage as the trainer applies them), the parameters
+    drawn under fake tensors, then the real schedule of torch.distributed.pipelining runs every
+    micro-batch of one step (the fake group's transfers return at once, so this rank's in-flight
+    activations are the schedule's own), the stages' gradient sync, clipping and optimizer step."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainer.optim import build_optimizer
+    from trainer.pipeline_parallel import PipelineEngine  # the pipelining code only for pipeline layouts
+
+    arch, train = spec.model, spec.train
+    parallel = spec.parallel_layout()
+    layout = f"dp={parallel.dp} tp={parallel.tp} pp={parallel.pp} fsdp={parallel.fsdp}"
+    cpu = torch.device("cpu")
+    fake = FakeTensorMode(allow_non_fake_inputs=True)  # the device mesh keeps real rank tensors
+    try:
+        dims = ParallelDims.from_layout(parallel, world, rank, spec.resource.nodes).build(cpu.type)
+        engine = PipelineEngine(spec, dims, cpu, train.seed, materialize=lambda: fake)
+    except TrainingError as exc:
+        raise DryRunFailed(f"dry run ({layout}): {exc}") from None
+    except (RuntimeError, ValueError, AssertionError, IndexError) as exc:
+        raise DryRunFailed(f"dry run ({layout}): building the stages failed: {_first_line(exc)}") from None
+    routing = _balanced_routing_mode()
+    with fake, routing:
+        optimizer = build_optimizer(engine.holder, train, arch)
+        batch = _batch(spec)
+        step = _StageStep(engine, optimizer, spec)
+        _named_failure(step, batch, layout, "warm-up step")
+        tracker = _micro_batch_tracker()
+        tracker.track_external(engine.holder, optimizer, *batch.values())
+        with tracker:
+            _named_failure(step, batch, layout, "tracked step")
+        snapshot = tracker.get_tracker_snapshot("peak")
+    device_snap: dict[Any, int] = next(iter(snapshot.values()), {}) if snapshot else {}
+    categories = {str(getattr(k, "value", k)): int(v) for k, v in device_snap.items() if k != "Total"}
+    return (int(device_snap.get("Total", 0)), categories, "MemTracker", train.grad_accum_steps, routing.used,
+            step.scalar_reads)
+
+
+def _micro_batch_tracker() -> Any:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class MicroBatchTracker(MemTracker):
+        """torch's `MemTracker`, letting a stage (a root module) run several micro-batches' forwards
+        in one step, as a pipeline schedule does: the tracker refuses a root's second forward as a
+        second iteration. The peak snapshot is global and unaffected; the stage's own statistics
+        keep its latest forward's input, as for a module used twice."""
+
+        def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
+            if module not in self.memory_tracking or self._mod_tracker.is_bw:
+                super()._pre_fw_hook(module, inputs)
+                return
+            stats = self.memory_tracking[module]
+            stats.input_mem = self._track_inputs_or_outputs(inputs)
+            snapshot = self.get_tracker_snapshot()
+            stats.local_peak = {dev: snap["Total"] for dev, snap in snapshot.items()}
+
+    return MicroBatchTracker()
+
+
+class _StageStep:
+    """One optimizer step of a pipeline rank as trainer/step.py runs it with `PipelineSchedule`:
+    the schedule over every micro-batch, the stages' gradient sync, clipping (the norm kept on
+    the device), optimizer step, zero_grad(set_to_none)."""
+
+    def __init__(self, engine: Any, optimizer: Any, spec: ExperimentSpec):
+        from trainer.collectives import Collectives
+        from trainer.pipeline_parallel import PipelineSchedule
+
+        self.engine, self.optimizer = engine, optimizer
+        self.micro, self.accum = spec.train.micro_batch_size, spec.train.grad_accum_steps
+        self.precision = spec.train.precision
+        self.max_norm = spec.train.grad_clip or float("inf")
+        self.optimizer_name = spec.train.optimizer.name
+        self.schedule = PipelineSchedule(engine, Collectives(1), self._autocast)
+        self.where: str | None = None
+        self.scalar_reads = 0
+
+    def _autocast(self) -> Any:
+        import contextlib
+
+        import torch
+
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+    def __call__(self, batch: dict[str, Any]) -> None:
+        import torch
+
+        e = self.engine
+        if e.schedule is None:
+            e.schedule, e.schedule_shape = e._make_schedule(self.micro, self.accum), (self.micro, self.accum)
+        full = {k: torch.cat([v] * self.accum) for k, v in batch.items()}
+        kwargs = {"ids": full["input_ids"], "position_ids": full["position_ids"], "labels": full["labels"]}
+        args = (full["input_ids"],) if e.pp_rank == 0 else ()
+        self.where = None
+        # The schedule's warm-up vote and the last stage's token count read scalars on the host.
+        with self._autocast(), _ScalarReads():
+            e.schedule.step(*args, target=full["labels"], losses=[], return_outputs=False, **kwargs)
+        self.where = "the stages' gradient sync"
+        self.schedule.finish_backward()
+        self.where = "gradient clipping"
+        self.schedule.clip(self.max_norm, host=False)
+        self.where = f"the optimizer step ({self.optimizer_name})"
+        with _ScalarReads() as step_reads:
+            self.optimizer.step()
+        self.scalar_reads += step_reads.answered
+        self.optimizer.zero_grad(set_to_none=True)
+        self.where = None
 
 
 class _ScalarReads:

@@ -31,7 +31,9 @@ activations between stages stay whole: a block's output is replicated over its T
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -231,9 +233,12 @@ def _stage_module(shell: Any, is_first: bool, is_last: bool) -> Any:
     return Stage()
 
 
-def build_holder(spec: ExperimentSpec, layout: StageLayout, device: torch.device, seed: int) -> Any:
+def build_holder(spec: ExperimentSpec, layout: StageLayout, device: torch.device, seed: int,
+                 materialize: Callable[[], Any] = contextlib.nullcontext) -> Any:
     """The full model's structure holding this rank's parameters only (names unchanged), seeded
-    exactly as the one-process model (every draw made, only the owned ones kept)."""
+    exactly as the one-process model (every draw made, only the owned ones kept). The parameters
+    are allocated and drawn inside `materialize()` (trainer/dry_run.py: fake tensors); the
+    structure is made on the meta device before."""
     import torch
     from accelerate import init_empty_weights
 
@@ -253,10 +258,20 @@ def build_holder(spec: ExperimentSpec, layout: StageLayout, device: torch.device
                 if id(param) in seen:
                     module._parameters[pname] = torch.nn.Parameter(torch.empty_like(param, device="meta"))
                 seen.add(id(param))
-    holder.to_empty(device=device)
     aliases: dict[int, list[str]] = {}
     for name, param in full.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(param), []).append(name)
+    with materialize():
+        _draw(arch, full, holder, aliases, device, seed)
+    return holder
+
+
+def _draw(arch: Any, full: Any, holder: Any, aliases: dict[int, list[str]], device: torch.device, seed: int) -> None:
+    """Allocate the holder's parameters on `device` and draw every parameter of the full model in
+    order, keeping the holder's."""
+    import torch
+
+    holder.to_empty(device=device)
     mine = dict(holder.named_parameters(remove_duplicate=False))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -265,7 +280,6 @@ def build_holder(spec: ExperimentSpec, layout: StageLayout, device: torch.device
             for alias in aliases[id(param)]:
                 if alias in mine:
                     mine[alias].copy_(value)
-    return holder
 
 
 def tied_groups(arch: Any) -> list[list[str]]:
@@ -292,7 +306,8 @@ class PipelineEngine:
     itself is trainer/step.py's (`PipelineSchedule` is how its forward and backward run)."""
 
     def __init__(self, spec: ExperimentSpec, dims: ParallelDims, device: torch.device, seed: int,
-                 compile_backend: str | None = None):
+                 compile_backend: str | None = None, materialize: Callable[[], Any] = contextlib.nullcontext):
+        """`materialize`: the context the parameters are allocated and drawn in (`build_holder`)."""
         layout = spec.parallel_layout()
         self.dims = dims
         self.pp, self.tp, self.dp, self.schedule_name = dims.pp, dims.tp, dims.dp, layout.pp_schedule
@@ -304,7 +319,7 @@ class PipelineEngine:
         self.spec = spec
         dims.build(device.type)  # the mesh and the groups (a no-op when the trainer built them)
         self.pp_group, self.dp_group, self.ends_group = dims.pp_group, dims.dp_group, dims.ends_group
-        self.holder = build_holder(spec, self.layout, device, seed)
+        self.holder = build_holder(spec, self.layout, device, seed, materialize)
         self.tied = tied_names(spec, self.holder)
         self.stages = [build_stage(spec.model, self.layout, s, self.holder, spec.train.activation_checkpointing,
                                    compile_backend) for s in self.layout.my_stages()]

@@ -105,13 +105,36 @@ def test_a_tp_split_that_fails_only_at_full_width_is_refused_naming_module_and_d
     assert "error" in json.loads(result.stdout)["dry_run"]
 
 
-def test_pipeline_stages_are_said_not_simulated_rather_than_measured_as_another_layout() -> None:
-    """The dry run does not cut stages: for pp > 1 it says so (the PR check's stage reads
-    "skipped") instead of measuring the unstaged model and calling it the planned layout."""
-    from trainer.dry_run import DryRunUnavailable, dry_run
+def test_a_two_stage_plan_dry_run_reports_a_tracked_peak_for_each_stage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pipeline plan --dry-run` on a pp 2 layout simulates the first and the last stage's ranks
+    (the trainer's own stages and the real 1F1B schedule over a fake process group) and reports
+    a tracked peak for each, the larger being the layout's; no process group is left behind."""
+    import torch.distributed as dist
 
-    with pytest.raises(DryRunUnavailable, match=r"pipeline stages \(parallel.pp=2\) are not simulated"):
-        dry_run(spec({"dp": 1, "pp": 2}))
+    staged = spec({"dp": 1, "pp": 2})
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+    (tmp_path / "data" / "demo").mkdir(parents=True)
+    (tmp_path / "data" / "demo" / "code.jsonl").write_text(json.dumps({"text": "def f():\n    pass\n"}) + "\n")
+    (tmp_path / "experiments").mkdir()
+    path = tmp_path / "experiments" / "dry-run-test.yaml"
+    path.write_text(json.dumps(staged.model_dump(mode="json", exclude_none=True)))
+    monkeypatch.chdir(tmp_path)
+    app = typer.Typer()
+    cmd_validate.register(app)
+
+    result = CliRunner().invoke(app, ["plan", str(path), "--dry-run", "--format", "json"])
+
+    assert result.exit_code == 0, result.output
+    assert not dist.is_initialized()
+    dry = json.loads(result.stdout)["dry_run"]
+    assert dry["ranks_simulated"] == [0, 1] and dry["world_size"] == 2
+    peaks = dry["stage_peaks"]
+    assert set(peaks) == {"stage 0", "stage 1"} and all(v > 0 for v in peaks.values())
+    assert dry["tracked_bytes"] == max(peaks.values())
+    # The last stage holds the LM head, its logits and the loss: more than the first here.
+    assert peaks["stage 1"] > peaks["stage 0"]
+    assert dry["problems"] == [], dry["problems"]
 
 
 def test_adafactor_steps_fsdp_x_tp_shards_and_a_failure_in_the_optimizer_step_names_it(
