@@ -262,8 +262,11 @@ def rebuild(spec: ExperimentSpec, changes: dict[str, Any]) -> ExperimentSpec:
     """`spec` with dotted-path `changes` (e.g. `{"train.seed": 7}`), validated again as a whole.
 
     The one way to derive a spec from a spec: `model_copy(update=...)` would skip every
-    validator, so a derived spec could hold values no file could."""
-    data = spec.model_dump(mode="json", by_alias=True)
+    validator, so a derived spec could hold values no file could. What the file left to its
+    default stays unset (the same values): the plan reads which fields a spec states, e.g. a CPU
+    spec without `resource.assumed_mfu` is priced at the measured CPU utilisation, and a sweep's
+    trial, dumped whole, was priced at the GPU default 0.35, ten times too fast."""
+    data = spec.model_dump(mode="json", by_alias=True, exclude_unset=True)
     for dotted_path, value in changes.items():
         node = data
         *parents, leaf = dotted_path.split(".")

@@ -100,3 +100,18 @@ def test_the_demo_expected_time_uses_the_measured_plan():
     seconds, how = expected_time(plan, make_plan(base, measured_cpu=measured))
     assert seconds == pytest.approx(6 * plan.compute.wall_seconds + OVERHEAD_S)
     assert "at MFU 0.85: measured on this machine now: 8 steps at 18,000 tokens/s on 2 threads" in how
+
+
+def test_a_derived_spec_is_priced_like_its_file():
+    """A sweep's trial and a seed's spec are `rebuild`s of the file's spec: what the file left to
+    its default stays unset, so a CPU trial is priced like the file (dumped whole, a trial was
+    priced at the GPU default 0.35), with the same values and spec hash."""
+    from validation.resolved import rebuild
+
+    spec = _spec("next-line-lr")
+    same = rebuild(spec, {})
+    assert same.model_dump(mode="json") == spec.model_dump(mode="json") and same.spec_hash() == spec.spec_hash()
+    trial = rebuild(spec, {"train.lr": 0.01, "name": "next-line-lr-t1"})
+    assert "assumed_mfu" not in trial.resource.model_fields_set
+    assert make_plan(trial).compute.assumed_mfu == make_plan(spec).compute.assumed_mfu == 0.037
+    assert make_plan(trial, measured_cpu=[_measured(spec)]).compute.assumed_mfu == 0.85
