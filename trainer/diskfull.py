@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
-import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from trainer.record import write_result
 from validation.errors import DiskSpaceError
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -85,6 +84,4 @@ def record_disk_full(run_dir: Path, error: DiskSpaceError) -> None:
     result: dict[str, Any] = {"status": "failed", "stop_reason": "disk_full", "error": str(error),
                               "reason": str(error), "finished_unix": time.time()}
     with contextlib.suppress(OSError):
-        tmp = run_dir / ".result.json.tmp"
-        tmp.write_text(json.dumps(result, indent=2))
-        os.replace(tmp, run_dir / "result.json")
+        write_result(run_dir, result)

@@ -42,9 +42,10 @@ def record_startup_failure(run_dir: Path, exc: BaseException, hint: str = "") ->
     """Write result.json "failed" / "startup_failure" for a deterministic failure before the
     first step (each rank may; the same content, atomic), with `hint` after the first error
     line. Returns False for a transient one."""
-    import json
     import os
     import time
+
+    from trainer.record import write_result
 
     line = first_error_line(exc)
     if any(word in line.lower() for word in TRANSIENT_WORDS):
@@ -55,10 +56,7 @@ def record_startup_failure(run_dir: Path, exc: BaseException, hint: str = "") ->
               "reason": f"failed before the first step on rank {rank}: {line}", "rank": int(rank),
               "finished_unix": time.time()}
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = run_dir / f".result.json.rank{rank}.tmp"
-        tmp.write_text(json.dumps(result, indent=2))
-        os.replace(tmp, run_dir / "result.json")
+        write_result(run_dir, result)  # every rank may: the same content, each its own temporary file
     except OSError:
         return False
     return True

@@ -55,7 +55,6 @@ from trainer.state import StepResult, TrainState
 from trainer.step import StepRunner, to_device
 from trainer.step_metrics import DeviceScalars
 from validation.errors import TrainingError
-from validation.files import atomic_write_json
 from validation.flops import DevicePeak, device_peak, flops_per_token
 from validation.spec import ExperimentSpec
 
@@ -589,7 +588,7 @@ class Trainer:
         if self.is_main:
             self.sink.close(outcome.status)
             result["mlflow_run_id"] = self.sink.run_id
-            atomic_write_json(self.run_dir / "result.json", result)
+            record.write_result(self.run_dir, result)
         self.comm.barrier()
         return result, exit_code
 

@@ -1,7 +1,9 @@
 """The run record: what a run says about itself (MLflow tags and params, result.json).
 
 Pure functions of the spec, the run's identity and the numbers the loop collected, so the
-loop only hands them over and the format lives in one place.
+loop only hands them over and the format lives in one place; and `write_result`, the one
+writer of RUN/result.json in the trainer (the finished run, a failure before the first step,
+a full disk, a replayed MLflow run id all go through it).
 """
 
 from __future__ import annotations
@@ -10,10 +12,21 @@ import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from validation.environment import env_fingerprint
-from validation.spec import ExperimentSpec
+from validation.files import atomic_write_json
+
+if TYPE_CHECKING:
+    from validation.spec import ExperimentSpec
+
+RESULT_FILE = "result.json"
+"""The run's result, written last (launchers and reports read it)."""
+
+
+def write_result(run_dir: Path, result: dict[str, Any]) -> None:
+    """RUN/result.json, atomically (a reader sees the old file or the new one); raises OSError."""
+    atomic_write_json(Path(run_dir) / RESULT_FILE, result)
 
 
 def read_identity(run_dir: Path) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.metric_sinks import RUN_FILE, SPOOL, MlflowSink, read_jsonl_tolerant
+from trainer.record import RESULT_FILE, write_result
 
 
 def spool_notice(run_dirs: list[Path]) -> str:
@@ -48,14 +49,12 @@ def replay_spool(run_dir: Path, tracking_uri: str | None = None) -> dict[str, An
     sink.flush(force=True)
     if (run_dir / SPOOL).exists():
         raise TrackingError(f"MLflow at {uri} still unreachable; records stay in {run_dir / SPOOL}")
-    result_path = run_dir / "result.json"
+    result_path = run_dir / RESULT_FILE
     if result_path.is_file():
-        from validation.files import atomic_write_json
-
         result = json.loads(result_path.read_text())
         if result.get("mlflow_run_id") != sink.run_id:
             result["mlflow_run_id"] = sink.run_id
-            atomic_write_json(result_path, result)
+            write_result(run_dir, result)
         if result.get("status") in ("finished", "failed", "stopped", "diverged"):
             sink.close(result["status"])
     return {"run_id": sink.run_id, "records": pending}
