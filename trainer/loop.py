@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import resource
-import shutil
 import signal
 import threading
 import time
@@ -190,7 +189,6 @@ class Trainer:
         # layout, state-dict names without `_orig_mod.`, one compile per block type.
         self.parts = build_model_parts(spec, dims, self.device, tr.seed, init_from,
                                        compile_backend="inductor" if tr.compile else None)
-        self.raw_model: torch.nn.Module = self.parts.owner
         self.n_params = self.parts.parameter_count(self.comm)
         declared = spec.model.parameter_count()
         if self.n_params != declared:  # the plan, the memory check and MFU all rest on the declared count
@@ -201,12 +199,12 @@ class Trainer:
         assert peak is not None, "an unknown gpu_type is refused by the resolve step"
         self.peak_flops = peak.flops_per_second(torch.get_num_threads())
         self.peak_source, self._mfu_warned = peak.source, False
-        self.optimizer = build_optimizer(self.raw_model, tr, spec.model)
+        self.optimizer = build_optimizer(self.parts.owner, tr, spec.model)
         self.total_steps = spec.total_steps(self.dp)
         self.scheduler = build_scheduler(self.optimizer, tr, self.total_steps)
         self.optimizer = self.parts.prepare(acc, self.optimizer)
         if not dims.sharded:
-            autocast_without_output_upcast(acc, self.raw_model)
+            autocast_without_output_upcast(acc, self.parts.owner)
         self.local_params = self.parts.local_params(dims)
         self._seed_rank()
 
@@ -253,6 +251,11 @@ class Trainer:
     def model(self) -> Any:
         """The first model part as it runs (accelerate-prepared): the whole model outside pipelines."""
         return self.parts.parts[0]
+
+    @property
+    def raw_model(self) -> Any:
+        """The model parts' owner: this rank's parameters under the model's names (bench/ reads it)."""
+        return self.parts.owner
 
     @property
     def topo(self) -> ParallelDims:
@@ -620,7 +623,7 @@ class Trainer:
     def _architecture_metrics(self) -> dict[str, float]:
         """The architecture's own metrics since the last log line (`step_metrics`, e.g. a mixture of
         experts' router load), averaged over ranks (every rank reports the same keys)."""
-        extra = self.spec.model.step_metrics(self.raw_model)
+        extra = self.spec.model.step_metrics(self.parts.owner)
         if not extra:
             return {}
         keys = sorted(extra)
@@ -634,7 +637,7 @@ class Trainer:
         digest = hashlib.sha256()
         from torch.distributed.tensor import DTensor
 
-        for name, param in sorted(self.raw_model.named_parameters()):
+        for name, param in sorted(self.parts.owner.named_parameters()):
             local = param.to_local() if isinstance(param, DTensor) else param
             digest.update(name.encode())
             digest.update(local.detach().float().cpu().numpy().tobytes())
@@ -669,41 +672,13 @@ class Trainer:
         return metrics
 
     def export(self) -> None:
-        """RUN/model/: safetensors, the tokenizer files transformers loads, the architecture's own
-        files (config.json, ...) and export.json, for the registry (models/_export.py)."""
-        out = self.run_dir / "model"
-        tmp = self.run_dir / ".model.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        from transformers.utils import logging as hf_logging
+        """RUN/model/ from the model parts, or a sharded layout's final checkpoint
+        (trainer/hf_checkpoint.py `export_model`); `export_checked` says how it loads."""
+        from trainer.hf_checkpoint import export_model  # transformers only at the end of a run
 
-        hf_logging.disable_progress_bar()
-        arch = self.spec.model
-        tied = set(arch.tied_weight_names) if arch.tie_word_embeddings else set()
-        tmp.mkdir(parents=True)
-        if self.dims.sharded:
-            # Streamed from the final checkpoint's shards: no process ever holds the full model.
-            from trainer.checkpoint.sharded import export_safetensors
-
-            export_safetensors(self.ckpt_root / checkpoint_name(self.state.step), tmp / "model.safetensors", skip=tied)
-        else:
-            from safetensors.torch import save_file
-
-            state = {k: v.detach().contiguous().cpu() for k, v in self.raw_model.state_dict().items() if k not in tied}
-            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        # Tokenizer files transformers reads, then what the architecture needs to load (a
-        # transformers config.json with the tokenizer's special ids, ...), then export.json.
-        from models._export import write_export, write_export_info
-        from trainer.hf_checkpoint import verify_export
-
-        note = write_export(arch, self.raw_model, tmp, self.prepared.tokenizer_path)
-        # Checked where it is written: a note saying transformers loads it is tried on these files
-        # (the class config.json names, no missing or unexpected keys, the same logits), else
-        # `loadable: false` with the reason, which result.json and the report carry.
-        self.export_checked = verify_export(arch, tmp, note)
-        write_export_info(arch, self.export_checked[0], tmp, verified=self.export_checked[1])
-        shutil.rmtree(out, ignore_errors=True)
-        os.rename(tmp, out)
-
+        final = self.ckpt_root / checkpoint_name(self.state.step) if self.dims.sharded else None
+        self.export_checked = export_model(self.spec.model, self.parts, self.run_dir / "model",
+                                           self.prepared.tokenizer_path, checkpoint=final)
 
 def _peak_mem_gb() -> float:
     import torch
