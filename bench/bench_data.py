@@ -41,12 +41,12 @@ def main(append: bool = True) -> dict:
     import numpy as np
     import tokenizers
 
+    from basics.environment import scoped_environ
     from pipelines.dataprep.clean import clean_text
     from pipelines.dataprep.demo_corpus import build_demo_corpus
     from pipelines.dataprep.prepare import encode_documents, prepare_data
     from trainer.batches import MixtureBatcher, packing_efficiency
     from validation.data import PreparedData
-    from validation.environment import scoped_environ
     from validation.loader import load_spec
 
     figures: dict = {}

@@ -132,8 +132,8 @@ def ceiling(corpus: Path, tokenizer_path: Path, mb: float) -> dict:
     """`encode_batch_fast` alone on the cleaned text of the corpus's first `mb` MB, all cores."""
     from tokenizers import Tokenizer
 
+    from basics.environment import scoped_environ
     from pipelines.dataprep.clean import clean_text
-    from validation.environment import scoped_environ
 
     texts, size = [], 0
     with corpus.open(encoding="utf-8") as handle:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from scaffold import append_results_md, utc_stamp
 
-from validation.environment import apply_offline_env
+from basics.environment import apply_offline_env
 
 apply_offline_env()
 KEYS = [f"k{i}" for i in range(12)]

@@ -238,8 +238,8 @@ def measure_heldout(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _measured(row: dict[str, Any], spec: Any, fits: int) -> dict[str, Any]:
+    from basics.errors import PipelineError
     from trainer.dry_run import dry_run
-    from validation.errors import PipelineError
 
     row["parameters"] = spec.model.parameter_count()
     t0, cpu0 = time.perf_counter(), time.process_time()

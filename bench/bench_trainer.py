@@ -44,7 +44,7 @@ from scaffold import (
     stack_examples,
 )
 
-from validation.environment import apply_offline_env
+from basics.environment import apply_offline_env
 
 apply_offline_env()
 

@@ -126,8 +126,8 @@ def trainer_one_rank_fsdp(device: Any) -> Iterator[None]:
     import torch
     import torch.distributed as dist
 
+    from basics.environment import scoped_environ
     from trainer.parallel import Topology
-    from validation.environment import scoped_environ
 
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),

@@ -207,7 +207,7 @@ def prepare(profile_name: str, carry: Path, wheels_python: str | None = None, lo
     """Write the folder the device run needs (module doc). Returns the plan. `wheels_python`: the
     Python the carried wheels are for (default: the profile's, 3.12 for the GPU machine; the
     rehearsal carries none unless told)."""
-    from validation.environment import apply_offline_env
+    from basics.environment import apply_offline_env
 
     apply_offline_env()
     profile = PROFILES[profile_name]
@@ -267,8 +267,8 @@ def prepare(profile_name: str, carry: Path, wheels_python: str | None = None, lo
 def _prepare_data(profile: dict[str, Any], data: dict[str, Any], dest: Path) -> Path:
     """The demo corpus prepared with the profile's tokenizer, copied to `dest`/<version> (the
     trainer checks that a prepared folder is named by its version)."""
+    from basics.environment import scoped_environ
     from pipelines.dataprep.prepare import prepare_data
-    from validation.environment import scoped_environ
     from validation.spec import DataSpec
 
     spec = DataSpec.model_validate(data)
@@ -350,7 +350,7 @@ def setup_interpreter(plan: dict[str, Any], carry: Path) -> str | None:
     """This interpreter as every part needs it: offline, the packages the device lacks made
     unimportable, the carried site first on the path where pydantic is missing and the wheels
     match this Python (and in PYTHONPATH for the processes it starts). Returns the site used."""
-    from validation.environment import apply_offline_env
+    from basics.environment import apply_offline_env
 
     apply_offline_env()
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # is_available() without a CUDA context
@@ -484,7 +484,7 @@ def run(carry: Path, out: Path, isolation: str = "fork", budget_s: float | None 
     started = time.monotonic()
     carry = carry.resolve()
     if prepare_profile:
-        from validation.environment import apply_offline_env
+        from basics.environment import apply_offline_env
 
         apply_offline_env()
         os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")

@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from validation.environment import OFFLINE_ENV, scoped_environ  # noqa: E402 - needs REPO on sys.path
+from basics.environment import OFFLINE_ENV, scoped_environ  # noqa: E402 - needs REPO on sys.path
 
 RESULTS_MD = REPO / "bench" / "RESULTS.md"
 RESULTS_DIR = REPO / "bench" / "results"

@@ -12,8 +12,8 @@ from typing import Any
 import typer
 from typer.core import TyperOption
 
+from basics.environment import apply_offline_env
 from trainer.mlflow_endpoint import bound_mlflow_http
-from validation.environment import apply_offline_env
 
 # MLflow phones home on import unless told not to; every process we start inherits this.
 apply_offline_env()

@@ -40,9 +40,9 @@ def contract(
         "--format", "-f", help="text, or github (workflow annotations).")] = ContractFormat.text,
 ) -> None:
     """Check architecture and optimizer files against the plug-in contract; one line per failure. Exit 2 on any."""
+    from basics.errors import SpecError
+    from basics.paths import repo_root_from_cwd
     from validation.contract import all_plugins, plugins_touched
-    from validation.errors import SpecError
-    from validation.paths import repo_root_from_cwd
 
     repo = repo_root_from_cwd()
     missing = [f for f in files or [] if not f.exists()]

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from basics.errors import PipelineError, UsageError
 from pipelines.exits import fail
-from validation.errors import PipelineError, UsageError
 
 if TYPE_CHECKING:
     from validation.resolved import ResolvedExperiment
@@ -28,7 +28,7 @@ data_app = typer.Typer(
 
 
 def _load(spec_file: Path) -> tuple[ResolvedExperiment, Path]:
-    from validation.paths import find_repo_root
+    from basics.paths import find_repo_root
     from validation.resolved import resolve
 
     if not spec_file.is_file():
@@ -39,7 +39,7 @@ def _load(spec_file: Path) -> tuple[ResolvedExperiment, Path]:
 
 def _baseline_file(value: str | None, resolved: ResolvedExperiment, repo: Path) -> Path | None:
     """A baseline given as an experiment name or a file; default: the resolved hypothesis baseline."""
-    from validation.paths import experiment_file
+    from basics.paths import experiment_file
 
     if value is None:
         return Path(resolved.baseline.file) if resolved.baseline.file else None
@@ -148,9 +148,9 @@ def check(
     out: Annotated[Path | None, typer.Option(help="Directory for data_check.{json,md,html} (default: data/checks/<name>).")] = None,
 ) -> None:
     """Validate the prepared data with great-expectations: absolute rules and drift vs the baseline."""
+    from basics.errors import DataCheckFailed
     from pipelines.dataprep.prepare import prepare_data
     from validation.data.checks import run_data_checks
-    from validation.errors import DataCheckFailed
     from validation.loader import load_spec
 
     try:

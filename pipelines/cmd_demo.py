@@ -28,8 +28,8 @@ from typing import IO, Annotated, Any
 
 import typer
 
+from basics.errors import PipelineError, UsageError
 from pipelines.exits import fail
-from validation.errors import PipelineError, UsageError
 
 DEFAULT_EXPERIMENT = "next-line-lr"
 """What `make demo` runs (the Makefile's EXPERIMENT; a test holds the two equal)."""
@@ -44,7 +44,7 @@ def demo(
 ) -> None:
     """The whole PR flow on this machine: build the demo corpus, validate and plan every example,
     then run one experiment end to end (baseline included) with local MLflow."""
-    from validation.paths import repo_root_from_cwd
+    from basics.paths import repo_root_from_cwd
 
     try:
         run_demo(repo_root_from_cwd(), experiment)
@@ -106,11 +106,11 @@ def expected_time(plan: Any, baseline_plan: Any) -> tuple[float, str]:
 def run_demo(repo: Path, experiment: str) -> None:
     from rich.console import Console
 
+    from basics.paths import experiment_file, experiment_names
     from pipelines.launchers.solo import launch_threads
     from pipelines.rundir import runs_root
     from trainer.calibrate import describe, measure_specs
     from validation.loader import load_spec
-    from validation.paths import experiment_file, experiment_names
     from validation.plan import make_plan
     from validation.resolved import resolve
 
@@ -173,12 +173,12 @@ def _run(repo: Path, experiment: str, spec_path: Path, plan: Any, console: Any,
          measured: tuple[Any, ...]) -> tuple[Path | None, str]:
     """Steps 1-3 (their output on `console`, everything else in the log): the report directory
     and the tracking URI."""
+    from basics.paths import experiment_files
     from pipelines.dataprep.demo_corpus import build_demo_corpus
     from pipelines.dataprep.demo_eval_task import build_demo_task
     from pipelines.orchestrate import ExperimentFlow, RunOptions
     from pipelines.progress import RichReporter
     from validation.loader import load_spec
-    from validation.paths import experiment_files
     from validation.plan import render_plan_text
 
     console.rule("1. demo corpus (standard library of this interpreter)")

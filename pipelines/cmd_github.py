@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from validation.errors import PipelineError, PromotionRefused, UsageError
+from basics.errors import PipelineError, PromotionRefused, UsageError
 
 if TYPE_CHECKING:
     from pipelines.github.client import GitHubConfig

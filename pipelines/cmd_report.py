@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
+from basics.errors import PipelineError
 from pipelines.exits import fail
-from validation.errors import PipelineError
 
 
 def report(

@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
+from basics.errors import PipelineError, UsageError
 from pipelines.exits import fail
 from pipelines.progress import RichReporter
-from validation.errors import PipelineError, UsageError
 
 
 def _sigterm_as_interrupt() -> None:
@@ -36,8 +36,8 @@ def _rerun_command() -> str:
 
 
 def _repo(path: Path | None = None) -> Path:
-    """The repository of the spec file `path`, else of the working directory (one rule: `validation.paths`)."""
-    from validation.paths import find_repo_root, repo_root_from_cwd
+    """The repository of the spec file `path`, else of the working directory (one rule: `basics.paths`)."""
+    from basics.paths import find_repo_root, repo_root_from_cwd
 
     return find_repo_root(path) if path is not None else repo_root_from_cwd()
 

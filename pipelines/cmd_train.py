@@ -19,9 +19,9 @@ from typing import Annotated
 
 import typer
 
+from basics.environment import apply_offline_env
+from basics.errors import PipelineError, UsageError
 from pipelines.exits import fail
-from validation.environment import apply_offline_env
-from validation.errors import PipelineError, UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -40,7 +40,7 @@ def smoke(
     """Train a shrunk copy of the experiment for a few dozen steps: loss falls, checkpoint resumes equal."""
     apply_offline_env()
     try:
-        from validation.paths import find_repo_root
+        from basics.paths import find_repo_root
         from validation.resolved import resolve
 
         if not spec_file.is_file():

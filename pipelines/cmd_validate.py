@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from basics.errors import Issue, PipelineError, SpecError
 from pipelines.exits import fail_issues
-from validation.errors import Issue, PipelineError, SpecError
 
 if TYPE_CHECKING:
     from validation.loader import LoadedSpec
@@ -65,8 +65,8 @@ def validate(
     ] = ValidateFormat.text,
 ) -> None:
     """Check experiment files: every problem, each with file:line:col and what to change. Exit 2 on any."""
+    from basics.paths import experiment_files
     from validation.loader import check_spec
-    from validation.paths import experiment_files
     from validation.yaml_source import display_path
 
     expanded = [p for f in files for p in ((experiment_files(f) or [f]) if f.is_dir() else [f])]
@@ -163,8 +163,8 @@ def plan(
 ) -> None:
     """The decision first: layout, memory, time for every run, cost, the effect the seeds can detect,
     reuse, passes over the data, evaluation points; then changes vs the baseline and the estimate."""
+    from basics.paths import find_repo_root
     from validation.loader import load_located
-    from validation.paths import find_repo_root
     from validation.resolved import resolve_spec
 
     loaded = load_located(file)
@@ -257,8 +257,8 @@ def plan(
 
 def _dry_run(spec: ExperimentSpec) -> tuple[dict[str, Any], str | None, list[str]]:
     """`trainer.dry_run` on `spec`: its JSON (or `{"error": ...}`), its text, and the failed checks."""
+    from basics.errors import DryRunFailed
     from trainer.dry_run import DryRunUnavailable, dry_run
-    from validation.errors import DryRunFailed
 
     try:
         result = dry_run(spec)
@@ -275,7 +275,7 @@ def _fail_dry_run(problems: list[str]) -> None:
     """One line per failed dry-run check on stderr, then the trainer's exit code."""
     if not problems:
         return
-    from validation.errors import DryRunFailed
+    from basics.errors import DryRunFailed
 
     for problem in problems:
         typer.echo(f"error: {problem}", err=True)
@@ -371,8 +371,8 @@ def _sweep_cost(resolved: ResolvedExperiment, reference: ExperimentSpec | None) 
 def _preparation(spec: ExperimentSpec, repo_root: Path) -> dict[str, Any]:
     """Input size, preparation tasks and estimated time (`estimate_preparation`: file sizes only,
     nothing read); a missing input is reported, not fatal (`pipeline validate` names it)."""
+    from basics.errors import DataError
     from pipelines.dataprep.inputs import estimate_preparation
-    from validation.errors import DataError
 
     try:
         return estimate_preparation(spec.data, repo_root)
@@ -455,7 +455,7 @@ def schema(
     ] = None,
 ) -> None:
     """Generate experiments/schema.json (editor completion) from the spec models."""
-    from validation.paths import repo_root_from_cwd
+    from basics.paths import repo_root_from_cwd
     from validation.schema import is_current, schema_path, write_schema
     from validation.yaml_source import display_path
 
@@ -650,10 +650,10 @@ vocabularies pack more bytes into a token, so the passes shown are then a lower 
 def _corpus_tokens(spec: ExperimentSpec, repo: Path) -> tuple[dict[str, int] | None, bool, str]:
     """Training tokens per source: the prepared version's counts when it is in the cache, else
     input bytes / BYTES_PER_TOKEN_ESTIMATE (minus the held-out fraction)."""
+    from basics.files import read_json
     from pipelines.dataprep.inputs import compute_version
     from pipelines.dataprep.sources import resolve_files
     from pipelines.rundir import data_cache_root
-    from validation.files import read_json
 
     cache = data_cache_root(repo)
     try:

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from basics.errors import UsageError
+from basics.files import atomic_write_json, read_json
 from pipelines.launchers import running_job
 from trainer.checkpoint import format as ckpt
-from validation.errors import UsageError
-from validation.files import atomic_write_json, read_json
 from validation.resolved import RESOLVED_FILE, ResolvedExperiment, load_resolved
 
 LAYOUT_FIELDS = ("parallel", "resource", "train.micro_batch_size", "train.grad_accum_steps",

@@ -31,8 +31,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from validation.environment import package_version
-from validation.errors import DoctorFailed, SpecError
+from basics.environment import package_version
+from basics.errors import DoctorFailed, SpecError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS_ENV = "PIPELINE_CONSTRAINTS"
@@ -199,7 +199,7 @@ def run_doctor_on_file(spec_path: Path, data_dir: Path | None = None, expect_wor
 
 def load_any_spec(path: Path) -> Any:
     """The spec of a `spec.resolved.json` (the resolved experiment a launch runs) or of an experiment YAML."""
-    from validation.errors import Issue, PipelineError
+    from basics.errors import Issue, PipelineError
     from validation.resolved import load_resolved
 
     if path.suffix == ".json":
@@ -237,7 +237,7 @@ def _check_environment(report: DoctorReport, constraints_path: Path | None) -> N
 def _check_resources(report: DoctorReport, spec: Any, gpu: bool, procs: int, work_dir: Path) -> None:
     params = spec.model.parameter_count()
     if gpu:
-        from validation.environment import accelerators
+        from basics.environment import accelerators
 
         acc = accelerators()
         if acc["gpu_count"] < procs:

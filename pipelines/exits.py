@@ -1,7 +1,7 @@
 """How a command ends on an error: one line on stderr, the error's exit code, no traceback.
 
 The one `fail` every command module uses (`raise fail(exc) from None`); the exit codes
-themselves are the error registry in `validation.errors`. `training_failure` turns how a
+themselves are the error registry in `basics.errors`. `training_failure` turns how a
 training job ended into the error `pipeline train` / `run` exits with, so its code agrees
 with the trainer's (a startup failure is 14, not the retryable 5).
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from validation.errors import Issue, PipelineError, SpecError, StartupFailed, TrainingError
+from basics.errors import Issue, PipelineError, SpecError, StartupFailed, TrainingError
 
 
 def fail(exc: PipelineError) -> typer.Exit:
@@ -34,7 +34,7 @@ def training_failure(experiment: str, seed: int, seed_dir: Path, state: Any) -> 
     """The error of a training run that did not finish: from its `result.json` (a failure before
     the first step is `StartupFailed`, exit 14 like the trainer's), else from how the launcher
     saw the job end (`state.detail`: "rank 1 killed by SIGKILL (pid 4242)")."""
-    from validation.files import read_json
+    from basics.files import read_json
 
     result = read_json(seed_dir / "result.json") or {}
     status = result.get("status") or "no result.json"

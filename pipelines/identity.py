@@ -3,7 +3,7 @@
 identity = hash(code version, spec hash, data version, seed)
 
 The *code version* is the git tree hash of the code that can change a trained model
-(`trainer/`, `validation/`, `pyproject.toml`, and of `models/` only what the run uses: the
+(`trainer/`, `basics/`, `validation/`, `pyproject.toml`, and of `models/` only what the run uses: the
 contract and helpers, its architecture's file and its optimizer's file), plus a dirty flag
 and, when dirty, a hash of the uncommitted content of those paths. A pull request that adds
 an architecture therefore leaves the identity of every run that does not use it unchanged:
@@ -30,7 +30,7 @@ from models import plugin_paths
 
 # Paths whose content can change what a run trains or how it is evaluated (besides the
 # files of models/ the run uses: `model_paths`).
-CODE_PATHS = ("trainer", "validation", "pyproject.toml")
+CODE_PATHS = ("trainer", "basics", "validation", "pyproject.toml")  # trainer first: `trainer` below is trees[0]
 
 
 def model_paths(repo: Path, model_type: str | None, optimizer: str | None) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from validation.errors import UsageError
+from basics.errors import UsageError
 
 PLAN_ENV = "PIPELINE_LAUNCH_PLAN"
 CONFIRMATORY, EXPLORATORY, PILOT = "confirmatory", "exploratory", "pilot"

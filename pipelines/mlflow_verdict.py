@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from validation.files import read_json
+from basics.files import read_json
 from validation.spec import CHAMPION, ExperimentSpec
 
 if TYPE_CHECKING:

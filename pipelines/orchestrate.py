@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from basics.errors import Detached, PipelineError, TrainingError
+from basics.files import atomic_write_json, atomic_write_text, read_json
 from pipelines import continuation, tracked_runs
 from pipelines.exits import training_failure
 from pipelines.identity import CodeVersion, RunIdentity, code_version, experiment_key
@@ -32,8 +34,6 @@ from pipelines.rundir import data_cache_root, finished_training_runs, new_run_di
 from pipelines.stages import StageOutcome, StageRunner
 from pipelines.sweep_trials import run_sweep
 from trainer.mlflow_endpoint import default_tracking_uri
-from validation.errors import Detached, PipelineError, TrainingError
-from validation.files import atomic_write_json, atomic_write_text, read_json
 from validation.resolved import RESOLVED_FILE, ResolvedExperiment, resolve
 from validation.spec import ExperimentSpec
 
@@ -331,7 +331,7 @@ class ExperimentFlow:
         result = run_data_checks(spec, prepared, baseline=base_prepared, out_dir=out_dir)
         outputs = {"ok": bool(result.success), "markdown": str(out_dir / "data_check.md"), "json": str(out_dir / "data_check.json")}
         if not result.success:
-            from validation.errors import DataCheckFailed
+            from basics.errors import DataCheckFailed
 
             raise DataCheckFailed(f"data checks failed for {spec.name}; see {out_dir / 'data_check.md'}")
         return StageOutcome(outputs=outputs, artifacts=[(out_dir / "data_check.json", "json"), (out_dir / "data_check.md", "file")])
@@ -484,9 +484,9 @@ class ExperimentFlow:
         `resume_points`); it is copied in, and the trainer resumes from it, only when its manifest
         still hashes to the recorded digest and every file matches the manifest. Anything else on
         the shared storage (a checkpoint someone planted) is never loaded."""
+        from basics.files import sha256_file
         from pipelines.launch_plan import launch_plan
         from trainer.checkpoint.format import checkpoint_name, list_checkpoints, verify_checkpoint
-        from validation.files import sha256_file
 
         plan = launch_plan()
         if plan is None or list_checkpoints(seed_dir / "checkpoints"):

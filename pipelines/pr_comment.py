@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from validation.errors import PipelineError
-from validation.files import atomic_write_text
+from basics.errors import PipelineError
+from basics.files import atomic_write_text
 
 if TYPE_CHECKING:
     from pipelines.github.comment import StickyComment

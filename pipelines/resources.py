@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from validation.errors import DiskSpaceError
+from basics.errors import DiskSpaceError
 
 
 def free_gb(path: Path) -> float:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 # The one atomic write and JSON reader (re-exported: run directories are their main users).
-from validation.files import atomic_write_json, atomic_write_text, read_json
+from basics.files import atomic_write_json, atomic_write_text, read_json
 
 __all__ = ["DATA_CACHE_ENV", "RUNS_DIR_ENV", "atomic_write_json", "atomic_write_text", "data_cache_root",
            "find_run_dir", "finished_training_runs", "new_run_dir", "read_json", "resolve_run", "runs_root"]
@@ -50,7 +50,7 @@ def launch_root(base: Path, launch: str) -> Path:
     one made. The first call makes it and writes a random owner token, which this process and
     its children carry (`PIPELINE_LAUNCH_NONCE`); later calls find their own token there."""
     if not _LAUNCH.match(launch):
-        from validation.errors import UsageError
+        from basics.errors import UsageError
 
         raise UsageError(f"{LAUNCH_ENV}={launch[:100]!r}: not <workflow run>-<attempt>[-<experiment>]")
     root = base / f"launch-{launch}"

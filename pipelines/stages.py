@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from validation.errors import ArtifactError
-from validation.files import atomic_write_json, read_json
+from basics.errors import ArtifactError
+from basics.files import atomic_write_json, read_json
 
 STAGES = ("validate", "prepare", "check", "smoke", "train", "evaluate", "report")
 

@@ -16,13 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from basics.errors import PipelineError, TrainingError
+from basics.files import atomic_write_json, read_json
 from pipelines import sweep as sw
 from pipelines.identity import experiment_key
 from pipelines.launchers import cancel_quietly
 from pipelines.rundir import new_run_dir
 from trainer.checkpoint import format as ckpt
-from validation.errors import PipelineError, TrainingError
-from validation.files import atomic_write_json, read_json
 
 if TYPE_CHECKING:
     from pipelines.orchestrate import ExperimentFlow, ExperimentResult

@@ -29,7 +29,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from validation.files import atomic_write_json, read_json
+from basics.files import atomic_write_json, read_json
 
 log = logging.getLogger("pipelines.tracked_runs")
 

@@ -70,7 +70,7 @@ def log_to_mlflow(client: Any, run_id: str, paths: Sequence[Path], artifact_path
     """Logs report files to an MLflow run (`client` is an `MlflowClient`)."""
     from mlflow.exceptions import MlflowException
 
-    from validation.errors import TrackingError
+    from basics.errors import TrackingError
 
     try:
         for path in paths:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from basics.errors import UsageError
 from reports.records import RunRecord, record_from_run_dir
 from reports.render import (
     FULL_REPORT_NAME,
@@ -25,7 +26,6 @@ from reports.render import (
 )
 from reports.report import Report, ReportContext, make_report
 from reports.verdict import Verdict
-from validation.errors import UsageError
 
 
 @dataclass(frozen=True)

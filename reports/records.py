@@ -22,8 +22,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from validation.environment import COMPARED_KEYS
-from validation.errors import PipelineError, TrackingError, UsageError
+from basics.environment import COMPARED_KEYS
+from basics.errors import PipelineError, TrackingError, UsageError
 
 # Fields of the resolved spec that do not change what is trained; left out of params diffs.
 COSMETIC_PARAM_PREFIXES = ("name", "owner", "description", "extends", "schema_ref", "hypothesis.", "sweep.")
@@ -179,7 +179,7 @@ def _named_items(value: Any) -> bool:
     return len(set(names)) == len(names)
 
 
-# What makes two runs' numbers comparable: the one definition in validation.environment,
+# What makes two runs' numbers comparable: the one definition in basics.environment,
 # plus `gpu`, the name older trainers recorded the GPU under (runs made before it moved).
 COMPARED_ENV_KEYS = (*COMPARED_KEYS, "gpu")
 
@@ -190,7 +190,7 @@ def comparable_env(env: dict[str, Any] | None) -> dict[str, str]:
 
 def env_hash(env: dict[str, Any] | None) -> str | None:
     """A short stable hash of the comparable part of a recorded environment fingerprint
-    (`validation.environment.env_fingerprint` is what the trainer records)."""
+    (`basics.environment.env_fingerprint` is what the trainer records)."""
     subset = comparable_env(env)
     if not subset:
         return None

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from basics.environment import apply_offline_env, scoped_environ
 from tests.infra import scheduling, tiers
-from validation.environment import apply_offline_env, scoped_environ
 
 # Every process a test starts inherits these (MLflow phones home on import otherwise).
 apply_offline_env()

@@ -4,7 +4,8 @@ Everything that varies lives in the spec; errors are caught here, before any mac
 touched, with file:line for every problem. Preflight is pure code, and the resolve step
 writes the `ResolvedExperiment` (`spec.resolved.json`) every other layer reads. Lowest layer
 with `models/`: nothing here imports `trainer`, `reports` or `pipelines`, and `pipeline
-validate` imports it without torch, so this package imports nothing.
+validate` imports it without torch, so this package imports nothing. Errors and exit codes,
+atomic files, paths and the environment are `basics/`, below every layer.
 
   spec            `ExperimentSpec`: one frozen, typed model per section, fields documented
   loader          `load_spec` / `check_spec`: file, `extends` chain, models, rules, file rules
@@ -19,10 +20,8 @@ validate` imports it without torch, so this package imports nothing.
   flops           device peak FLOPS and training FLOPs per token: one table, one formula
   eval_tasks      `eval.tasks` (lm-evaluation-harness tasks), checked without lm-eval or torch
   contract        the plug-in contract's torch-free half: what a model or optimizer file must declare
-  paths           where things live: the experiments folder, an experiment's file, the data roots
-  environment     offline defaults (`OFFLINE_ENV`, `scoped_environ`), the run's env fingerprint
-  errors          the `PipelineError` hierarchy and the one registry of exit codes
-  files           the one atomic write and the one file sha256 (standard library only)
+  paths, environment, errors, files
+                  aliases of `basics.*` (moved there: issue 39), until trainer/ imports them there
   data/           prepared data as its readers see it: format, mixture schedule, profiles, checks
                   (preparation itself is `pipelines.dataprep`)
 """

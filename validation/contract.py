@@ -19,8 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from basics.errors import Issue
 from models import PluginKind, plugin_path, plugin_paths
-from validation.errors import Issue
 
 HEAVY_MODULES = ("torch", "transformers", "accelerate")
 """What a plug-in's top level must not import (each costs seconds on a GitHub runner)."""

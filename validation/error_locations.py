@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from validation.errors import Issue
+from basics.errors import Issue
 from validation.spec import (
     ARCHITECTURES,
     BROKEN_ARCHITECTURES,

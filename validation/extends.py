@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from validation.paths import EXPERIMENTS_DIR
+from basics.paths import EXPERIMENTS_DIR
 from validation.spec import ARCHITECTURES, OPTIMIZERS
 from validation.yaml_source import CONTROL_CHARS, Loc, LocatedDoc, Report, display_path, parse_file, short
 

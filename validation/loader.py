@@ -21,13 +21,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from models._hf import HFCausalLM
-from validation import rules
-from validation.error_locations import SpecIssues, did_you_mean
-from validation.errors import Issue, PipelineError, SpecError
-from validation.eval_tasks import task_problems
-from validation.extends import read_chain
-from validation.paths import (
+from basics.errors import Issue, PipelineError, SpecError
+from basics.paths import (
     DATA_ROOTS_ENV,
     EXPERIMENTS_DIR,
     data_roots,
@@ -35,6 +30,11 @@ from validation.paths import (
     experiment_names,
     find_repo_root,
 )
+from models._hf import HFCausalLM
+from validation import rules
+from validation.error_locations import SpecIssues, did_you_mean
+from validation.eval_tasks import task_problems
+from validation.extends import read_chain
 from validation.spec import CHAMPION, ExperimentSpec, foreign_plugins_active
 from validation.yaml_source import (
     CONTROL_CHARS,

@@ -4,7 +4,7 @@ Every fact derived from a spec is worked out here and nowhere else:
 
 - the merged, validated spec (the loader: `extends` chain, models, cross-field rules);
 - the baseline: `champion`, or the experiment file found by the one lookup rule
-  (`validation.paths.experiment_file`: `experiments/<name>.yaml`, else `.yml`);
+  (`basics.paths.experiment_file`: `experiments/<name>.yaml`, else `.yml`);
 - the parallel layout, planned for `parallel: auto` and checked against the trainer's
   declared execution capability (`validation.capability.TRAINER`) either way;
 - the per-seed specs, each built through validation (never `model_copy(update=...)`),
@@ -28,12 +28,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from basics.errors import Issue, SpecError, UsageError
+from basics.files import atomic_write_text
+from basics.paths import data_roots, experiment_file, find_repo_root
 from validation.capability import AXES, TRAINER, ExecutionCapability
-from validation.errors import Issue, SpecError, UsageError
-from validation.files import atomic_write_text
 from validation.flops import PEAK_TFLOPS_BF16, DevicePeak, device_peak, flops_per_token
 from validation.loader import load_located
-from validation.paths import data_roots, experiment_file, find_repo_root
 from validation.plan import Locator, no_location, plan_parallel
 from validation.rules import layout_violations
 from validation.spec import CHAMPION, ExperimentSpec, ParallelLayout
@@ -114,7 +114,7 @@ class DataPaths(_Frozen):
     tokenizer: str | None = None
     init_from: str | None = None
     roots: tuple[str, ...]
-    """Directories data may come from (`validation.paths.data_roots`)."""
+    """Directories data may come from (`basics.paths.data_roots`)."""
 
 
 class IdentityInputs(_Frozen):

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from validation.files import atomic_write_text
+from basics.files import atomic_write_text
 
 DEMO_SOURCES = ("code", "docs", "reference")
 DEFAULT_MAX_BYTES = {"code": 4_000_000, "docs": 1_500_000, "reference": 1_000_000}

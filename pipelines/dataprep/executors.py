@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from validation.errors import DataError
+from basics.errors import DataError
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from basics.errors import DataError
+from basics.files import atomic_write_json, sha256_file
+from basics.paths import data_roots
 from pipelines.dataprep.sources import file_format, resolve_files, splittable
-from validation.errors import DataError
-from validation.files import atomic_write_json, sha256_file
-from validation.paths import data_roots
 from validation.spec import DataSpec
 
 # Bump when the on-disk layout or the cleaning changes: old caches then get new versions.

@@ -30,6 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from basics.environment import scoped_environ
+from basics.errors import DataError
+from basics.files import atomic_write_json
 from pipelines.dataprep.executors import SlurmOptions, run_stage
 from pipelines.dataprep.inputs import BPE_SAMPLE_CHARS, SPECIAL_TOKENS, VersionInputs, compute_version
 from pipelines.dataprep.sources import jsonl_boundaries, splittable
@@ -45,9 +48,6 @@ from pipelines.dataprep.tasks import (
 )
 from validation.data.prepared import SPLITS, PreparedData, write_manifest
 from validation.data.profile import histogram_summary, merge_histograms, token_profile
-from validation.environment import scoped_environ
-from validation.errors import DataError
-from validation.files import atomic_write_json
 from validation.spec import DataSpec
 
 log = logging.getLogger("pipelines.dataprep")

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from validation.errors import DataError
-from validation.paths import data_roots
+from basics.errors import DataError
+from basics.paths import data_roots
 from validation.spec import DataSource
 
 _BINARY_SNIFF_BYTES = 8192

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from basics.environment import scoped_environ
 from pipelines.dataprep.clean import clean_text, document_hash, non_ascii_count
-from validation.environment import scoped_environ
 from validation.spec import DataSource
 
 ENCODE_BATCH_CHARS = 1_000_000
@@ -125,7 +125,7 @@ class _Task:
         return f"{type(self).__name__}({len(self.plan.tasks)} ranges, {self.plan.buckets} buckets)"
 
     def __call__(self, data: Any, rank: int, world_size: int) -> None:
-        from validation.errors import DataError
+        from basics.errors import DataError
 
         _quiet_datatrove()
         self._record_start(rank)

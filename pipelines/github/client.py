@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import quote
 
-from validation.errors import GitHubError, PermissionDenied, TransientGitHubError, UsageError
+from basics.errors import GitHubError, PermissionDenied, TransientGitHubError, UsageError
 
 if TYPE_CHECKING:  # PyGithub is light (0.14 s) but only the adapter needs it.
     import github

@@ -42,8 +42,8 @@ from collections.abc import Callable
 from html.parser import HTMLParser
 from typing import Any
 
+from basics.errors import TransientGitHubError, UsageError
 from pipelines.github.client import CodeHost, Comment
-from validation.errors import TransientGitHubError, UsageError
 from validation.spec import NAME_PATTERN
 
 GITHUB_COMMENT_LIMIT = 65536

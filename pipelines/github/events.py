@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from validation.errors import UsageError
+from basics.errors import UsageError
 
 
 @dataclass(frozen=True)

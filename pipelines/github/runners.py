@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from basics.errors import UsageError
 from pipelines.github.client import Runner, RunnerGroup, RunnerHost
-from validation.errors import UsageError
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from basics.errors import LaunchError, PipelineError
 from pipelines.launchers.interface import (
     HANDLE_FILE,
     RESULT_FILE,
@@ -42,7 +43,6 @@ from pipelines.launchers.interface import (
     Phase,
 )
 from pipelines.launchers.retry import RetryOutcome, Verdict, classify, run_with_retries
-from validation.errors import LaunchError, PipelineError
 
 if TYPE_CHECKING:
     from validation.spec import ExperimentSpec

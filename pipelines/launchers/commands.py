@@ -14,8 +14,8 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from basics.environment import apply_offline_env
 from pipelines.launchers.interface import LaunchJob
-from validation.environment import apply_offline_env
 
 
 @dataclass(frozen=True)

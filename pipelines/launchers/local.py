@@ -81,8 +81,8 @@ def preflight(job: LaunchJob) -> None:
     """Run the startup checklist in this process; raises `DoctorFailed` with every problem."""
     if not job.run_doctor:
         return
+    from basics.errors import DoctorFailed
     from pipelines.doctor import run_doctor_on_file
-    from validation.errors import DoctorFailed
 
     report = run_doctor_on_file(job.spec_path, data_dir=job.data_dir, expect_world_size=job.world_size,
                                 use_gpu=job.use_gpu, procs_per_node=job.procs_per_node)

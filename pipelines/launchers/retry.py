@@ -30,13 +30,13 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
+from basics.errors import no_retry_exit_codes
 from pipelines.launchers.interface import JobState, Launcher, LaunchJob, LogSink, Phase, read_result_status
-from validation.errors import no_retry_exit_codes
 
 CANCEL_MARKER = "cancel.requested"
 """Written into the run directory by every launcher's `cancel`: no retry after it."""
 
-NO_RETRY_EXIT_CODES = no_retry_exit_codes()  # the registry in validation.errors: 2 input, 3 data, 11 doctor...
+NO_RETRY_EXIT_CODES = no_retry_exit_codes()  # the registry in basics.errors: 2 input, 3 data, 11 doctor...
 PREEMPTION_EXIT_CODES = {143, -signal.SIGTERM}
 
 

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import pipelines
+from basics.errors import LaunchError
 from pipelines.launchers.commands import Rendezvous, accelerate_command, launch_env
 from pipelines.launchers.follow import follow
 from pipelines.launchers.interface import (
@@ -42,7 +43,6 @@ from pipelines.launchers.interface import (
 )
 from pipelines.launchers.logtail import LogTail
 from pipelines.launchers.retry import CANCEL_MARKER, Verdict, cancel_requested, classify
-from validation.errors import LaunchError
 
 POLL_SECONDS = 1.0
 DOCTOR_EXIT_CODE = 11

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 
+from basics.errors import LaunchError
 from pipelines.launchers.commands import Rendezvous, parse_endpoint
 from pipelines.launchers.interface import LaunchJob
 from pipelines.launchers.local import LocalLauncher, node_ranks, preflight
-from validation.errors import LaunchError
 
 
 def node_rank_of(job: LaunchJob) -> int:

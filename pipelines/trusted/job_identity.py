@@ -31,9 +31,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from basics.errors import UsageError
 from pipelines.trusted.mlflow_oidc import JOB_USER_PREFIX, IdentityRefused
 from pipelines.trusted.mlflow_oidc import job_user as _job_user
-from validation.errors import UsageError
 
 EXPERIMENT_ENV = "PIPELINE_MLFLOW_EXPERIMENT"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")  # experiment names are validated slugs
@@ -69,7 +69,7 @@ class LaunchIdentity:
 
 @contextmanager
 def _as(user: tuple[str, str]) -> Iterator[None]:
-    from validation.environment import scoped_environ
+    from basics.environment import scoped_environ
 
     with scoped_environ(MLFLOW_TRACKING_USERNAME=user[0], MLFLOW_TRACKING_PASSWORD=user[1], MLFLOW_TRACKING_AUTH=None):
         yield

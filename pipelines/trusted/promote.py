@@ -55,11 +55,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from basics.errors import PromotionRefused
 from pipelines.github.chatops import experiments_in
 from pipelines.github.client import WRITE_ROLES, CodeHost, LabelEvent, RepoContentHost, Review, ReviewHost
 from pipelines.github.comment import StickyComment
 from pipelines.github.events import PullRequestEvent, PushEvent
-from validation.errors import PromotionRefused
 from validation.spec import CHAMPION  # the alias name: one definition, beside the spec that names it
 
 OVERRIDE_LABEL = "promote-override"

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from basics.environment import scoped_environ
 from pipelines.trusted.promote import RunFilter, TrainingRecord
 from pipelines.trusted.registry import (  # the registry reads them too
     _NAME,
@@ -56,7 +57,6 @@ from pipelines.trusted.registry import (  # the registry reads them too
     PROVENANCE_EXPERIMENT,
     VERDICTS,
 )
-from validation.environment import scoped_environ
 
 MODEL_DIR = "model"
 
@@ -364,7 +364,7 @@ def setup(
     from mlflow.server import get_app_client
     from mlflow.server.auth.routes import LIST_USERS
 
-    from validation.errors import UsageError
+    from basics.errors import UsageError
 
     def login(user: tuple[str, str]) -> None:
         os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = user

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from basics.errors import UsageError
 from pipelines.launch_plan import (  # the plan's data types, shared with the training side
     CONFIRMATORY,
     EXPLORATORY,
@@ -52,13 +53,12 @@ from pipelines.launch_plan import (  # the plan's data types, shared with the tr
     LaunchPlan,
     launch_plan,
 )
-from validation.errors import UsageError
 
 PROVENANCE_EXPERIMENT = "pipeline-provenance"
 ATTESTED_BY = "experiment-train.yml/attest"
 VERDICTS = frozenset({"supported", "refuted", "inconclusive"})
 _SHA = re.compile(r"^[0-9a-f]{40}$")
-# Experiment names are validated slugs (validation/files.py); they go into a filter string.
+# Experiment names are validated slugs (basics/files.py); they go into a filter string.
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 
 KIND_TAG = "pipeline.registry"
@@ -735,8 +735,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds.add_argument("--plan", type=Path, required=True)
     seeds.add_argument("--experiment", required=True)
     args = parser.parse_args(argv)
-    from validation.errors import PipelineError
-    from validation.files import atomic_write_text
+    from basics.errors import PipelineError
+    from basics.files import atomic_write_text
 
     try:
         registry = open_registry(os.environ.get("MLFLOW_TRACKING_URI"),

@@ -37,9 +37,9 @@ def test_a_killed_fsdp_run_continues_on_one_process_then_on_tp_with_one_history(
     uninterrupted 2-rank run after each reshard, bitwise before the first."""
     from mlflow.tracking import MlflowClient
 
+    from basics.errors import TrainingError, UsageError
     from pipelines.orchestrate import ExperimentFlow, Reporter, RunOptions
     from tests.infra.corpus import demo_corpus
-    from validation.errors import TrainingError, UsageError
 
     repo = scratch_repo(tmp_path / "repo")
     demo_corpus(repo / "data" / "demo", 150_000)

@@ -42,6 +42,7 @@ from typing import Any
 
 import pytest
 
+from basics.environment import scoped_environ
 from pipelines.github.client import PyGithubHost
 from pipelines.github.comment import StickyComment
 from pipelines.launch_plan import CONFIRMATORY, EXPLORATORY, ExperimentPlan, LaunchPlan
@@ -50,7 +51,6 @@ from tests.infra.github_emulator import GitHubEmulator, emulator_config
 from tests.infra.mlflow_auth_server import MlflowAuthServer
 from tests.infra.oidc_issuer import OidcIssuer
 from tests.infra.workflow_runner import EmulatedRepository, JobResult, WorkflowRunner
-from validation.environment import scoped_environ
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from validation.environment import scoped_environ
+from basics.environment import scoped_environ
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 12

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from basics.errors import DataError
 from pipelines.dataprep.prepare import prepare_data
 from tests.infra.data_helpers import build_small_demo, demo_sources, make_spec, prose, write_jsonl
 from validation.data import PreparedData
-from validation.errors import DataError
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL_TASKS = 4096  # input bytes per task: the 60 kB demo sources become ~15 tasks each

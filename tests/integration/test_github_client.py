@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from basics.errors import GitHubError, PermissionDenied
 from pipelines.github.client import PyGithubHost, TransientGitHubError
 from tests.infra.github_emulator import REPO, GitHubEmulator, emulated_repo, emulator_config
-from validation.errors import GitHubError, PermissionDenied
 
 
 @pytest.fixture

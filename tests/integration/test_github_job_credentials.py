@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from basics.environment import scoped_environ
+from basics.errors import UsageError
 from pipelines.trusted import job_identity as jc
 from tests.infra.mlflow_auth_server import MlflowAuthServer
 from tests.infra.oidc_issuer import OidcIssuer
-from validation.environment import scoped_environ
-from validation.errors import UsageError
 
 REPO = "acme/lab"
 WORKFLOW = f"{REPO}/.github/workflows/experiment-train.yml@refs/heads/main"

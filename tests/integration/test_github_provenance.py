@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from basics.environment import scoped_environ
 from pipelines.github.client import PyGithubHost
 from pipelines.github.events import PullRequestEvent, PullRequestRef
 from pipelines.trusted.promote import CHAMPION, MlflowPromotion, promote_merged
@@ -36,7 +37,6 @@ from pipelines.trusted.provenance import (
     setup,
 )
 from tests.infra.github_emulator import REPO, SHA_A, SHA_B, GitHubEmulator, emulated_repo, emulator_config
-from validation.environment import scoped_environ
 
 ADMIN = ("admin", "admin-password-0123")
 TRAINER = ("trainer", "trainer-password-0123")
@@ -302,7 +302,7 @@ def test_setup_refuses_a_model_the_trainer_made_first_and_shared(server: tuple[s
     from mlflow.server import get_app_client
     from mlflow.tracking import MlflowClient
 
-    from validation.errors import UsageError
+    from basics.errors import UsageError
 
     uri, _ = server
     with as_user(TRAINER):
@@ -318,8 +318,8 @@ def test_promotion_never_creates_the_registered_model_on_a_server(server: tuple[
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    from basics.errors import PromotionRefused
     from pipelines.trusted.promote import TrainingRecord
-    from validation.errors import PromotionRefused
 
     uri, _ = server
     record = TrainingRecord(experiment="x", mlflow_run_id="r", code_version=SHA_A, status="FINISHED", dirty=False,

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from basics.errors import exit_code
 from pipelines.launchers import Verdict, get_launcher, run_with_retries
 from trainer.checkpoint import format as ckpt
-from validation.errors import exit_code
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from validation.environment import env_fingerprint, fingerprint_diff, package_version
+from basics.environment import env_fingerprint, fingerprint_diff, package_version
 
 
 def test_fingerprint_has_the_comparable_fields_and_diff_names_them():

@@ -13,8 +13,8 @@ import math
 
 import pytest
 
+from basics.environment import scoped_environ
 from tests.infra.golden_run import REPO, tiny_spec, write_corpus
-from validation.environment import scoped_environ
 
 
 @pytest.fixture(scope="module")

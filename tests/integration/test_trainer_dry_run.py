@@ -145,9 +145,9 @@ def test_adafactor_steps_fsdp_x_tp_shards_and_a_failure_in_the_optimizer_step_na
     steps DTensor shards (models/optimizers/adafactor.py), and a failure after the backward names
     the optimizer step."""
     import trainer.optim
+    from basics.errors import DryRunFailed
     from models import optimizer_configs
     from trainer.dry_run import dry_run
-    from validation.errors import DryRunFailed
 
     # Adafactor on FSDP x TP shards (a 2-D mesh); AdamW is every other dry-run test's, and the
     # recorded held-out calibration rows step Adafactor, Muon and SGD under DDP, FSDP and TP at

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from basics.environment import scoped_environ
 from tests.infra.golden_run import REPO, STEPS, tiny_spec, train_losses, write_corpus
-from validation.environment import scoped_environ
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "losses_tiny.json"
 UPDATE_ENV = "PIPELINE_UPDATE_GOLDEN"

@@ -85,8 +85,8 @@ def test_a_run_at_step_0_is_told_how_to_continue_the_other_layout(tmp_path: Path
 
 
 def test_continuing_seeds_the_new_run_with_the_checkpoint_and_the_history(tmp_path: Path) -> None:
+    from basics.errors import UsageError
     from trainer.checkpoint import format as ckpt
-    from validation.errors import UsageError
 
     repo = scratch_repo(tmp_path / "repo")
     old = _fake_seed_dir(tmp_path / "runs", seeded(repo, FSDP2), (4, 8))
@@ -132,8 +132,8 @@ def test_checkpoint_corrupt_alert_carries_the_step_of_the_checkpoint(tmp_path: P
 
 
 def test_an_interrupted_stage_prints_no_failed_line(tmp_path: Path) -> None:
+    from basics.files import read_json
     from pipelines.stages import StageRunner
-    from validation.files import read_json
 
     events: list[tuple[str, str]] = []
     runner = StageRunner(tmp_path, "id", on_event=lambda stage, event, result: events.append((stage, event)))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from basics.errors import DataError
 from pipelines.dataprep.prepare import prepare_data
 from tests.infra.data_helpers import build_small_demo, demo_sources, make_spec
 from trainer.batches import IGNORE_INDEX, MixtureBatcher, eval_batches, packing_efficiency
 from validation.data import PreparedData
-from validation.errors import DataError
 
 WEIGHTS = {"code": 0.5, "docs": 0.3, "reference": 0.2}
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from basics.errors import DataError
 from pipelines.dataprep.sources import jsonl_boundaries, read_documents, resolve_files
 from tests.infra.data_helpers import prose, write_jsonl
-from validation.errors import DataError
 from validation.spec import DataSource
 
 TEXTS = [prose(i) for i in range(12)]

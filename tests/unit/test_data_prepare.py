@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from basics.errors import DataError
 from pipelines.dataprep.clean import clean_text
 from pipelines.dataprep.inputs import compute_version
 from pipelines.dataprep.prepare import check_free_space, prepare_data
 from tests.infra.data_helpers import build_small_demo, demo_sources, make_spec, prose, write_jsonl
 from validation.data import PreparedData
-from validation.errors import DataError
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from basics.errors import DataError
 from pipelines.dataprep.sources import read_documents, resolve_files
 from tests.infra.data_helpers import write_jsonl
-from validation.errors import DataError
 from validation.spec import DataSource
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from basics.errors import SpecError
 from tests.infra.eval_task_repo import REPO, TASK_YAML, task_repo, write
-from validation.errors import SpecError
 from validation.eval_tasks import better_direction, read_task_file
 from validation.loader import load_spec
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from basics.errors import UsageError
 from pipelines.github.client import GitHubConfig
-from validation.errors import UsageError
 
 
 def test_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,7 @@ def test_dry_run_host_writes_the_comment_to_a_file_and_edits_it(tmp_path: Path) 
 
 
 def test_invalid_experiment_names_never_become_markers() -> None:
-    from validation.errors import UsageError
+    from basics.errors import UsageError
 
     with pytest.raises(UsageError):
         StickyComment.for_experiment(DryRunCodeHost.__new__(DryRunCodeHost), 1, "x --> <script>", author=None)

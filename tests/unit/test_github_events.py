@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from basics.errors import UsageError
 from pipelines.github.events import (
     CommentEvent,
     PullRequestEvent,
@@ -19,7 +20,6 @@ from pipelines.github.events import (
     load_event,
     parse_event,
 )
-from validation.errors import UsageError
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "github"
 HEAD = "3f1c2a9e8b7d6c5f4e3d2c1b0a9f8e7d6c5b4a39"

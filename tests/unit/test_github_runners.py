@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from basics.errors import UsageError
 from pipelines.github.client import Runner
 from pipelines.github.runners import capacity, parse_duration, runner_labels, stale_runners
 from tests.infra.github_emulator import REPO
-from validation.errors import UsageError
 
 
 def runner(i: int, labels: tuple[str, ...], status: str = "online", busy: bool = False) -> Runner:

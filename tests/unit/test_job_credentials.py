@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from basics.errors import UsageError
 from pipelines.trusted import job_identity as jc
-from validation.errors import UsageError
 
 
 def test_names_are_validated_and_bound_to_the_launch() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from basics.errors import DiskSpaceError, TrainingError
 from trainer.monitor import CheckpointFailures
-from validation.errors import DiskSpaceError, TrainingError
 
 
 def test_checkpoint_failures_escalate_and_a_full_disk_stops_at_once(tmp_path):

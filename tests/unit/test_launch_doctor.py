@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from basics.environment import package_version, scoped_environ
 from pipelines.doctor import (
     DEFAULT_CONSTRAINTS,
     DoctorFailed,
@@ -18,7 +19,6 @@ from pipelines.doctor import (
 )
 from pipelines.launchers.local import LocalLauncher
 from tests.infra.launch_helpers import make_job, tiny_spec_dict
-from validation.environment import package_version, scoped_environ
 from validation.spec import ExperimentSpec
 
 

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+from basics.errors import EXIT_CODES
 from pipelines.launchers import Verdict
 from pipelines.launchers.interface import LaunchHandle, Phase
 from pipelines.launchers.local import LocalLauncher
 from pipelines.launchers.retry import classify
-from validation.errors import EXIT_CODES
 
 # What accelerate's multi-process launch (torch elastic) printed when rank 1 got SIGKILL
 # (`os.kill(os.getpid(), 9)`), then exited 1.

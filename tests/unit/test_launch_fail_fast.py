@@ -3,10 +3,10 @@ code is never retried, while a transient startup error still is."""
 
 from __future__ import annotations
 
+from basics.errors import no_retry_exit_codes
 from pipelines.launchers import Verdict
 from pipelines.launchers.retry import classify
 from tests.infra.launch_helpers import result
-from validation.errors import no_retry_exit_codes
 
 
 def test_startup_exit_code_is_never_retried():

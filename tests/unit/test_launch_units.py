@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from basics.errors import LaunchError
 from pipelines.launchers import LaunchHandle, LaunchJob, Phase, Verdict, classify, get_launcher, job_from_spec
 from pipelines.launchers.commands import Rendezvous, accelerate_command, launch_env
 from pipelines.launchers.logtail import LogTail
 from pipelines.launchers.slurm import parse_scontrol, render_sbatch, state_from_fields
 from pipelines.launchers.static import node_rank_of
-from validation.errors import LaunchError
 
 
 def _job(tmp_path: Path, **kw: object) -> LaunchJob:
@@ -192,8 +192,8 @@ def test_run_with_retries_submits_a_self_retrying_launcher_once(tmp_path):
 def test_slurm_refuses_a_run_directory_with_whitespace_before_writing_anything(tmp_path):
     """sbatch splits an #SBATCH line at whitespace: `--output=/runs/my run/...` would name
     another file (found by the Slurm sweep bench in a temporary folder with a space)."""
+    from basics.errors import LaunchError
     from pipelines.launchers.slurm import SlurmLauncher
-    from validation.errors import LaunchError
 
     job = _job(tmp_path / "with space")
     with pytest.raises(LaunchError, match="contains whitespace"):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from validation.errors import TrainingError
+from basics.errors import TrainingError
 from validation.spec import model_spec
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,

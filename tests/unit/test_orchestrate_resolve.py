@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from basics.errors import DataError, SpecError, UsageError
 from pipelines.cli import app
 from validation.capability import AXES, TRAINER
-from validation.errors import DataError, SpecError, UsageError
 from validation.resolved import RESOLVED_FILE, ResolvedExperiment, load_resolved, resolve, spec_section
 from validation.spec import ExperimentSpec
 
@@ -156,7 +156,7 @@ def test_smoke_spec_is_built_through_validation_and_resolved(tmp_path: Path) -> 
 def test_validate_and_run_find_the_same_repository_from_anywhere(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One rule for the repository root (`validation.paths`). The old `pipeline run` asked for
+    """One rule for the repository root (`basics.paths`). The old `pipeline run` asked for
     `pyproject.toml` beside `experiments/` and otherwise took the working directory, so a spec
     repository without one validated from anywhere and then failed `run` on its baseline."""
     repo = _repo(tmp_path / "specs", **{"cand.yaml": _spec("cand", baseline="base", lr=0.006), "base.yaml": _spec("base")})
@@ -177,7 +177,7 @@ def test_validate_and_run_find_the_same_repository_from_anywhere(
 def test_repo_root_is_found_from_a_file_or_a_directory_with_one_fallback(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from validation.paths import find_repo_root, repo_root_from_cwd
+    from basics.paths import find_repo_root, repo_root_from_cwd
 
     repo = _repo(tmp_path / "repo", **{"base.yaml": _spec("base")})
     (repo / "runs" / "deep").mkdir(parents=True)

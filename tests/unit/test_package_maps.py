@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = sorted(p.parent.relative_to(ROOT).as_posix() for top in ("pipelines", "trainer", "reports", "validation",
+PACKAGES = sorted(p.parent.relative_to(ROOT).as_posix() for top in ("basics", "pipelines", "trainer", "reports", "validation",
                                                                      "models")
                   for p in (ROOT / top).rglob("__init__.py") if "__pycache__" not in p.parts)
 # A map line: two-space indent, then a module name (a trailing `/` for a subpackage), then at

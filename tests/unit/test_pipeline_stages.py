@@ -79,8 +79,8 @@ def test_a_router_loss_cannot_be_staged(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_stage_split() -> None:
+    from basics.errors import TrainingError
     from trainer.pipeline_parallel import stage_split
-    from validation.errors import TrainingError
 
     assert stage_split(4, 2) == [[0, 1], [2, 3]]
     assert stage_split(4, 3, [2, 1, 1]) == [[0, 1], [2], [3]]

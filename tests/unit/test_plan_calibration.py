@@ -112,7 +112,7 @@ def test_a_packed_16k_llama_keeps_activations_linear_in_the_sequence_and_the_pla
 def test_a_32k_layout_that_does_not_fit_a_141_gib_device_is_refused_by_the_plan():
     """Issue 40's third done-when: the dry run needs more than 141 GiB (plus its unseen constants),
     and the plan, on that device, refuses the layout, naming what would fit."""
-    from validation.errors import SpecError
+    from basics.errors import SpecError
     from validation.plan import plan_parallel
     from validation.resolved import rebuild
 

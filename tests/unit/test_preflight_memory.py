@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from basics.errors import SpecError
 from validation import plan as preflight
 from validation.capability import AXES, ExecutionCapability
-from validation.errors import SpecError
 from validation.spec import ExperimentSpec
 
 REPO = Path(__file__).resolve().parents[2]

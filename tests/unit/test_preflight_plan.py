@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from basics.errors import SpecError
 from validation import plan as preflight
 from validation.capability import EVERY_LAYOUT, ExecutionCapability
-from validation.errors import SpecError
 from validation.plan import (
     FRAMEWORK_OVERHEAD_BYTES_CPU,
     FRAMEWORK_OVERHEAD_BYTES_GPU,

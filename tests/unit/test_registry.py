@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import scipy.stats  # noqa: F401 - the verdict's lazy import, paid at collection rather than inside a test
 
+from basics.errors import UsageError
 from pipelines.identity import CodeVersion, RunIdentity
 from pipelines.orchestrate import ExperimentFlow, RunOptions
 from pipelines.trusted.registry import (
@@ -31,7 +32,6 @@ from pipelines.trusted.registry import (
 from reports import prereg
 from reports.records import RunRecord
 from reports.report import make_report
-from validation.errors import UsageError
 
 
 def _spec(name: str = "higher-lr", **edit):

@@ -46,7 +46,7 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_eval_loss_across_tokenizers_is_refused_at_its_line_with_bpb_suggested(repo):
-    from validation.errors import SpecError
+    from basics.errors import SpecError
     from validation.loader import load_spec
 
     path = repo / "experiments" / "vocab-1024.yaml"
@@ -63,7 +63,7 @@ def test_eval_loss_across_tokenizers_is_refused_at_its_line_with_bpb_suggested(r
 
 
 def test_eval_loss_across_held_out_settings_is_refused(repo):
-    from validation.errors import SpecError
+    from basics.errors import SpecError
     from validation.loader import load_spec
 
     path = repo / "experiments" / "bigger-eval.yaml"

@@ -139,7 +139,7 @@ def test_a_candidate_diverging_alone_is_refuted_and_the_reason_says_why():
 
 
 def test_min_effect_of_a_decrease_must_be_below_one_at_its_line(tmp_path):
-    from validation.errors import SpecError
+    from basics.errors import SpecError
     from validation.spec import ExperimentSpec
 
     data = json.loads(json.dumps(SPEC))

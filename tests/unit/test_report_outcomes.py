@@ -116,7 +116,7 @@ def test_alpha_above_the_limit_is_shown_with_its_override_and_the_table_level_ma
 
 
 def test_alpha_above_the_limit_needs_an_override_named_at_its_line(tmp_path):
-    from validation.errors import SpecError
+    from basics.errors import SpecError
     from validation.loader import load_spec
 
     text = (Path(__file__).resolve().parents[2] / "experiments" / "base.yaml").read_text()

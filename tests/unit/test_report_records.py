@@ -11,10 +11,10 @@ import json
 
 import pytest
 
+from basics.errors import UsageError
 from reports import build_report, record_from_run_dir
 from reports.records import launch_estimate
 from tests.infra.report_runs import SPEC, write_run
-from validation.errors import UsageError
 from validation.spec import ExperimentSpec
 
 

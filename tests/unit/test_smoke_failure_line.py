@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from basics.errors import TrainingError
 from trainer.smoke import why_failed
-from validation.errors import TrainingError
 
 DIVERGED = "loss 30.5 at step 6 is above ln(vocab)+1 = 7.24: worse than guessing uniformly"
 CHECKS = {"finished": False, "loss_finite": True, "loss_decreasing": False, "checkpoint_validated": False,

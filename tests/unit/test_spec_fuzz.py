@@ -18,7 +18,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from validation.errors import SpecError
+from basics.errors import SpecError
 from validation.loader import load_spec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,10 +1,11 @@
 """Layers and registries that keep the code base honest.
 
-- no module imports a higher layer (`LAYER_RANK`: `models`, then `validation`, then `trainer`
-  and `reports`, then `pipelines`), module-level and lazy imports alike (`TYPE_CHECKING`
+- no module imports a higher layer (`LAYER_RANK`: `basics` (errors and exit codes, atomic files,
+  paths, environment), then `models`, then `validation`, then `trainer` and `reports`, then
+  `pipelines`), module-level and lazy imports alike (`TYPE_CHECKING`
   blocks excluded, they never run);
 - the packages have no import cycle (same imports);
-- every `PipelineError` subclass is declared in `validation.errors`, and every exit code
+- every `PipelineError` subclass is declared in `basics.errors`, and every exit code
   has one meaning there (the launchers' retry rules read the same table);
 - the checkpoint format pipelines read (`trainer.checkpoint.format`) never imports torch.
 """
@@ -17,12 +18,12 @@ import pkgutil
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("pipelines", "trainer", "validation", "reports")
+PACKAGES = ("basics", "pipelines", "trainer", "validation", "reports")
 # What may import what, from the import graph: a module imports only its own layer or lower ones.
-# models/ (architecture and optimizer plug-ins) imports none of ours; validation/ reads the models'
+# basics/ imports none of ours; models/ (architecture and optimizer plug-ins) only basics/; validation/ reads the models'
 # torch-free configs; the trainer and the reports both stand on validation/ (and not on each other
 # today, though the rank allows it); pipelines/ orchestrates everything.
-LAYER_RANK = {"models": 0, "validation": 1, "trainer": 2, "reports": 2, "pipelines": 3}
+LAYER_RANK = {"basics": 0, "models": 1, "validation": 2, "trainer": 3, "reports": 3, "pipelines": 4}
 
 
 def _modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -189,7 +190,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_every_pipeline_error_is_declared_in_the_registry_with_a_registered_code():
-    from validation import errors
+    from basics import errors
 
     for package in PACKAGES:  # import everything, so every subclass exists
         root = importlib.import_module(package)
@@ -205,13 +206,13 @@ def test_every_pipeline_error_is_declared_in_the_registry_with_a_registered_code
     for cls in subclasses(errors.PipelineError):
         if cls.__module__.startswith(("tests", "test_")):
             continue
-        assert cls.__module__ == "validation.errors", f"{cls.__qualname__} is declared in {cls.__module__}"
+        assert cls.__module__ == "basics.errors", f"{cls.__qualname__} is declared in {cls.__module__}"
         assert cls.exit_code in registered, cls
 
 
 def test_retry_rules_read_the_registry():
+    from basics.errors import DataError, DoctorFailed, SpecError, no_retry_exit_codes
     from pipelines.launchers.retry import NO_RETRY_EXIT_CODES, Verdict, classify
-    from validation.errors import DataError, DoctorFailed, SpecError, no_retry_exit_codes
 
     assert NO_RETRY_EXIT_CODES == no_retry_exit_codes()
     for cls in (SpecError, DataError, DoctorFailed):

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from validation.errors import SpecError
+from basics.errors import SpecError
+from basics.paths import find_repo_root
 from validation.extends import deep_merge
 from validation.loader import check_spec, load_located, load_spec
-from validation.paths import find_repo_root
 from validation.yaml_source import MAX_FILE_BYTES, dotted, parse_dotted
 
 REPO = Path(__file__).resolve().parents[2]

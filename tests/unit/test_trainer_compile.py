@@ -9,8 +9,8 @@ import pytest
 def test_inductor_on_cpu_without_a_cxx_compiler_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
+    from basics.errors import TrainingError
     from trainer.parallel import apply_compile
-    from validation.errors import TrainingError
 
     monkeypatch.setenv("CXX", "no-such-c++-compiler")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

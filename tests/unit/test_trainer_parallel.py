@@ -11,8 +11,8 @@ def test_an_unsharded_model_under_a_sharded_layout_fails_loudly() -> None:
     """The silent fallback (accelerate running DDP when asked for FSDP) must stop the run."""
     import torch
 
+    from basics.errors import TrainingError
     from trainer.parallel import Topology, assert_sharded
-    from validation.errors import TrainingError
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
     with pytest.raises(TrainingError, match="not sharded: this rank holds 8320 of 8320"):
@@ -21,8 +21,8 @@ def test_an_unsharded_model_under_a_sharded_layout_fails_loudly() -> None:
 
 
 def test_topology_places_pipeline_stages_and_reads_rows_per_tp_group() -> None:
+    from basics.errors import TrainingError
     from trainer.parallel import Topology
-    from validation.errors import TrainingError
     from validation.spec import ParallelLayout
 
     with pytest.raises(TrainingError, match="pp=2 x tp=2 does not divide the 6 processes"):

@@ -91,7 +91,7 @@ def test_a_launch_sets_aside_a_directory_it_did_not_make(tmp_path: Path, monkeyp
 
 
 def test_a_malformed_launch_id_is_refused(tmp_path: Path) -> None:
-    from validation.errors import UsageError
+    from basics.errors import UsageError
 
     with pytest.raises(UsageError, match="PIPELINE_LAUNCH_ID"):
         launch_root(tmp_path, "../../etc")

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from basics.environment import scoped_environ
+from basics.files import sha256_file
 from validation.data.mixture import MixtureSchedule
 from validation.data.profile import js_divergence, relative_shift, token_profile
-from validation.environment import scoped_environ
-from validation.files import sha256_file
 from validation.spec import DataChecks, ExperimentSpec
 
 # Mixture realisation is measured over the run's steps, capped (it converges quickly).

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from basics.errors import DataError
 from validation.data.prepared import PreparedData
-from validation.errors import DataError
 
 _BLOCK = 1024
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from validation.errors import DataError
-from validation.files import atomic_write_json, sha256_file
+from basics.errors import DataError
+from basics.files import atomic_write_json, sha256_file
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "eval")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NoReturn
 
-from validation.errors import Issue, SpecError
+from basics.errors import Issue, SpecError
 from validation.spec import ResourceSpec
 
 GIB = 2**30

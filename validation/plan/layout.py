@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from basics.errors import Issue, SpecError
 from validation.capability import TRAINER, ExecutionCapability
-from validation.errors import Issue, SpecError
 from validation.plan.common import (
     Locator,
     _describe_layout,
