@@ -14,15 +14,20 @@ last block ends the forward with that block's output. Every micro-batch carries 
 `input_ids`, `position_ids` and `labels` to every stage, so document masking (positions
 restart at each packed document) is rebuilt identically on each one.
 
-Schedules (`parallel.pp_schedule`): GPipe, 1F1B (one stage per rank) and Interleaved 1F1B (two
-virtual stages per rank, stage k on rank k % pp). Micro-batches are the spec's accumulation
-steps; the loss is the same token-weighted sum as trainer/step.py. A tied embedding / LM head
+Schedules (`parallel.pp_schedule`): GPipe, 1F1B (one stage per rank) and Interleaved 1F1B
+(`validation.rules.virtual_stages_per_rank`: two virtual stages per rank, stage k on rank k % pp).
+The schedule is only how a step's forward and backward run (`PipelineSchedule`, the layout's
+`ForwardBackward`): the step itself -- stop and out-of-memory consensus, clipping, non-finite
+skip, scheduler, deferred reads -- is trainer/step.py's, the same for every layout; the stages
+are the rank's model parts (`Stages`, trainer/model_parts.py). Micro-batches are the spec's
+accumulation steps; the loss is the same token-weighted sum as trainer/step.py. A tied embedding / LM head
 (first and last stage) keeps one copy on each; their gradients are summed across the two
 ranks, so both stay equal. Over dp, gradients are summed explicitly (DDP's arithmetic), or,
 with `parallel.fsdp`, each stage is FSDP-sharded over its replicas and reduce-scattered after
 its last micro-batch (torch.distributed.pipelining drives FSDP's gradient sync).
 
-Rank placement (trainer/parallel.py `Topology`): the stage is the outermost axis and TP the
+Rank placement (trainer/parallel.py `ParallelDims`, which also builds the (pp, dp, tp) mesh and the
+stages' groups): the stage is the outermost axis and TP the
 innermost, rank = (stage rank * dp + dp index) * tp + tp rank. Launchers number ranks node by
 node, so a TP group stays inside a node and, with one stage's ranks per node, the stages go
 across nodes. With `parallel.tp`, each stage's blocks follow the architecture's TP plan (the

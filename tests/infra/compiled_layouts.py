@@ -34,10 +34,10 @@ def _train(spec: Any, backend: str | None, rank: int, steps: int, batch: dict[st
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
 
-    from trainer.parallel import Topology, make_mesh, materialize, shard_on_meta
+    from trainer.parallel import ParallelDims, materialize, shard_on_meta
 
-    topo = Topology.from_layout(spec.parallel_layout(), 2, rank)
-    mesh = make_mesh(topo, "cpu")
+    topo = ParallelDims.from_layout(spec.parallel_layout(), 2, rank).build("cpu")
+    mesh = topo.mesh
     model, buffers = shard_on_meta(spec, topo, mesh, compile_backend=backend)
     model = materialize(model, buffers, spec.model, torch.device("cpu"), spec.train.seed)
     blocks = spec.model.blocks(model)
