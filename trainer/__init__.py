@@ -42,6 +42,8 @@ decisions of its own. Modules:
   contract_checks  the plug-in contract's torch half (`pipeline contract`): meta counts, FLOPs, TP
               names, packed rows equal to documents alone, optimizer state round trip
   hf_checkpoint  weights exported in Hugging Face's layout and read back (`model/`, transformers)
+  export      the run's export RUN/model/ from the model parts, or a sharded layout's final
+              checkpoint streamed tensor by tensor; checked before it is renamed into place
   dry_run     the full-scale dry run of `pipeline plan --dry-run`: the real model on fake tensors,
               sharded by `parallel` over a fake process group, one step under torch's memory tracker
               (pipeline layouts: the first and the last stage's ranks, each through the real schedule)

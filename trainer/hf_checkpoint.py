@@ -3,10 +3,8 @@ the spec's model (the architecture's `init_from_problems`, plain JSON), then the
 Hugging Face names, one tensor at a time, from `model.safetensors` or from the shards that
 `model.safetensors.index.json` lists. The project's own exports (RUN/model/) are such
 directories too. A tied output weight may be absent; any other missing tensor, or a checkpoint
-tensor the model has no place for, is refused.
-
-The export of a trained run (RUN/model/, `export_model`) is written and checked here too: the
-model parts' weights, or a sharded layout's final checkpoint streamed shard by shard."""
+tensor the model has no place for, is refused. A run's export (trainer/export.py) is checked
+here (`verify_export`)."""
 
 from __future__ import annotations
 
@@ -20,8 +18,6 @@ from validation.errors import TrainingError
 
 if TYPE_CHECKING:
     import torch
-
-    from trainer.model_parts import ModelParts
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -295,44 +291,3 @@ def verify_export(arch: Any, directory: Path, note: Any) -> tuple[Any, str]:
     return note, (f"verified on {checked}: {found.loader} loads it with no missing or unexpected keys, logits within "
                   f"{EXPORT_ATOL:g} on a plain and a packed row")
 
-
-def export_model(arch: Any, parts: ModelParts, out: Path, tokenizer_path: Path,
-                 checkpoint: Path | None = None) -> tuple[Any, str]:
-    """RUN/model/ (`out`): model.safetensors, the tokenizer files transformers loads, the
-    architecture's own files (config.json, ...) and export.json, for the registry
-    (models/_export.py); written beside it, checked, then renamed into place. `checkpoint`: a
-    sharded layout's final checkpoint, streamed tensor by tensor (no process ever holds the full
-    model); without one, the parts' `owner` is the whole model. Returns (the export note as
-    checked, what checked it)."""
-    import os
-    import shutil
-
-    from transformers.utils import logging as hf_logging
-
-    from models._export import write_export, write_export_info
-
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    tied = set(arch.tied_weight_names) if arch.tie_word_embeddings else set()
-    tmp.mkdir(parents=True)
-    if checkpoint is not None:
-        from trainer.checkpoint.sharded import export_safetensors  # torch.distributed.checkpoint only here
-
-        export_safetensors(checkpoint, tmp / "model.safetensors", skip=tied)
-    else:
-        from safetensors.torch import save_file
-
-        state = {k: v.detach().contiguous().cpu() for k, v in parts.owner.state_dict().items() if k not in tied}
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    # Tokenizer files transformers reads, then what the architecture needs to load (a
-    # transformers config.json with the tokenizer's special ids, ...), then export.json.
-    note = write_export(arch, parts.owner, tmp, tokenizer_path)
-    # Checked where it is written: a note saying transformers loads it is tried on these files
-    # (the class config.json names, no missing or unexpected keys, the same logits), else
-    # `loadable: false` with the reason, which result.json and the report carry.
-    checked = verify_export(arch, tmp, note)
-    write_export_info(arch, checked[0], tmp, verified=checked[1])
-    shutil.rmtree(out, ignore_errors=True)
-    os.rename(tmp, out)
-    return checked

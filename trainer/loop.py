@@ -673,8 +673,8 @@ class Trainer:
 
     def export(self) -> None:
         """RUN/model/ from the model parts, or a sharded layout's final checkpoint
-        (trainer/hf_checkpoint.py `export_model`); `export_checked` says how it loads."""
-        from trainer.hf_checkpoint import export_model  # transformers only at the end of a run
+        (trainer/export.py); `export_checked` says how it loads."""
+        from trainer.export import export_model  # transformers only at the end of a run
 
         final = self.ckpt_root / checkpoint_name(self.state.step) if self.dims.sharded else None
         self.export_checked = export_model(self.spec.model, self.parts, self.run_dir / "model",
