@@ -59,7 +59,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trainer.collectives import Collectives
 from trainer.parallel import ParallelDims
+from trainer.pipeline_parallel import PipelineEngine, PipelineSchedule, StageLayout
 from validation.errors import DryRunFailed, TrainingError
 from validation.plan.common import GIB, MIB
 from validation.plan.memory import (
@@ -289,8 +291,6 @@ def _on_fake_group(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, di
 
 def _stage_name(spec: ExperimentSpec, world: int, rank: int) -> str:
     """`stage 0`, or `stages 0+2` for a rank of an interleaved schedule."""
-    from trainer.pipeline_parallel import StageLayout  # the pipelining code only for pipeline layouts
-
     layout = spec.parallel_layout()
     dims = ParallelDims.from_layout(layout, world, rank, spec.resource.nodes)
     virtual = virtual_stages_per_rank(layout.pp_schedule)
@@ -374,7 +374,6 @@ def _simulate_stages(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from trainer.optim import build_optimizer
-    from trainer.pipeline_parallel import PipelineEngine  # the pipelining code only for pipeline layouts
 
     arch, train = spec.model, spec.train
     parallel = spec.parallel_layout()
@@ -432,9 +431,6 @@ class _StageStep:
     the device), optimizer step, zero_grad(set_to_none)."""
 
     def __init__(self, engine: Any, optimizer: Any, spec: ExperimentSpec):
-        from trainer.collectives import Collectives
-        from trainer.pipeline_parallel import PipelineSchedule
-
         self.engine, self.optimizer = engine, optimizer
         self.micro, self.accum = spec.train.micro_batch_size, spec.train.grad_accum_steps
         self.precision = spec.train.precision

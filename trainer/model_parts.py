@@ -25,6 +25,7 @@ from trainer.collectives import Collectives
 from trainer.faults import FaultPlan
 from trainer.model import parameter_count
 from trainer.parallel import ParallelDims, assert_sharded, build_model
+from trainer.pipeline_parallel import PipelineEngine, Stages
 from trainer.step import ForwardBackward, MicroBatches
 
 if TYPE_CHECKING:
@@ -87,8 +88,6 @@ def build_model_parts(spec: ExperimentSpec, dims: ParallelDims, device: torch.de
     """This rank's parts of the model, seeded identically in every layout, on `dims`' mesh
     (built first: `ParallelDims.build`)."""
     if dims.pp > 1:
-        from trainer.pipeline_parallel import PipelineEngine, Stages  # pipelining code only where it runs
-
         return Stages(PipelineEngine(spec, dims, device, seed, compile_backend=compile_backend))
     mesh = dims.mesh if dims.sharded else None
     return OneModel(build_model(spec, dims, device, seed, init_from, mesh, compile_backend=compile_backend), dims)

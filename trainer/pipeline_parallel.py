@@ -42,8 +42,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer.parallel import tied_model
+from trainer.activation_checkpointing import checkpoint_forward
+from trainer.parallel import (
+    apply_tp_plan,
+    check_compiler,
+    local_and_total_params,
+    mixed_precision_policy,
+    tied_model,
+)
 from validation.errors import TrainingError
+from validation.plan.memory import checkpointed_blocks
 from validation.rules import virtual_stages_per_rank
 
 if TYPE_CHECKING:
@@ -160,8 +168,6 @@ def build_stage(arch: Any, layout: StageLayout, stage: int, holder: Any, checkpo
     each block's forward is compiled with `compile_backend` (`train.compile`: inductor)."""
     from accelerate import init_empty_weights
 
-    from trainer.activation_checkpointing import checkpoint_forward
-    from validation.plan.memory import checkpointed_blocks
 
     with init_empty_weights(include_buffers=False):
         shell: Any = arch.build()
@@ -174,8 +180,6 @@ def build_stage(arch: Any, layout: StageLayout, stage: int, holder: Any, checkpo
         checkpoint_forward(container[index])
     if compile_backend:  # torchtitan's order: AC, then compile (TP and FSDP come after, in `_shard`)
         import torch
-
-        from trainer.parallel import check_compiler
 
         check_compiler(compile_backend)
         for index in owned:  # the forward only: the stage's hooks stay outside the graph
@@ -345,8 +349,6 @@ class PipelineEngine:
         scaled by dp (`step`): the same sum as DDP's (a divide factor of 1 would need gloo's
         missing PREMUL_SUM). The holder then names the sharded parameters (DTensors)."""
         from torch.distributed.fsdp import fully_shard
-
-        from trainer.parallel import apply_tp_plan, mixed_precision_policy
 
         mesh = self.dims.mesh
         for stage in self.stages:
@@ -603,6 +605,4 @@ class Stages:
         return int(total) // (self.engine.dp * self.engine.tp)
 
     def local_params(self, dims: Any) -> int:
-        from trainer.parallel import local_and_total_params
-
         return local_and_total_params(self.owner)[0]  # this rank's stages (FSDP: their shards)

@@ -18,6 +18,9 @@ smaller micro batch, save and exit) without leaving a peer stuck in a gradient a
 Then the gradients are synchronised, clipped to `train.grad_clip`, and a step whose loss or
 norm is not finite is skipped; with deferred reads (`defer`, GPUs) loss and norm stay on the
 device (trainer/step_metrics.py) and a fused optimizer skips a non-finite step by itself.
+
+torch is imported inside the functions, for speed only: `pipeline` commands import trainer.loop
+(and so this module) without running a step.
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ class MicroBatches:
         # accelerate's no_sync it would keep every parameter's gradient unsharded in fp32 until the
         # last micro-batch (40 GiB a device for Llama-3-70B, FSDP 8 x TP 8, 8 micro-batches), memory
         # the plan does not count (validation/plan/memory.py). DDP still accumulates locally.
-        from torch.distributed.fsdp import FSDPModule  # torch is imported by the step's callers only
+        from torch.distributed.fsdp import FSDPModule  # inside, for speed (the module doc says why)
 
         self.sync_every_micro_batch = isinstance(model, FSDPModule)
         self._last: torch.Tensor | None = None
