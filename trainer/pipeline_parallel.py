@@ -399,9 +399,6 @@ class PipelineEngine:
             return ScheduleInterleaved1F1B(stages, **kw)
         return (ScheduleGPipe if self.schedule_name == "gpipe" else Schedule1F1B)(stages[0], **kw)
 
-    def parameters(self) -> list[Any]:
-        return list(self.holder.parameters())
-
     def _sync_grads(self) -> None:
         import torch
         import torch.distributed as dist
