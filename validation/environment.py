@@ -4,5 +4,6 @@ this change; it goes in the same session, once trainer/ imports `basics.environm
 import sys
 
 from basics import environment as _moved
+from basics.environment import *  # noqa: F403 - the names, for the type checker
 
 sys.modules[__name__] = _moved

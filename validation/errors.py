@@ -4,5 +4,6 @@ this change; it goes in the same session, once trainer/ imports `basics.errors`.
 import sys
 
 from basics import errors as _moved
+from basics.errors import *  # noqa: F403 - the names, for the type checker
 
 sys.modules[__name__] = _moved

@@ -4,5 +4,6 @@ this change; it goes in the same session, once trainer/ imports `basics.files`."
 import sys
 
 from basics import files as _moved
+from basics.files import *  # noqa: F403 - the names, for the type checker
 
 sys.modules[__name__] = _moved
