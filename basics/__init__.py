@@ -1,6 +1,6 @@
 """The basics every layer stands on: errors and exit codes, atomic files, where things live in a
-repository, the process environment. Standard library only, importing none of this project's
-other packages (the lowest layer: `tests/unit/test_spec_layers.py`), so that `pipeline validate`,
+repository, the process environment. Standard library only at import (torch only inside the
+environment's accelerator probe), importing none of this project's other packages (the lowest layer: `tests/unit/test_spec_layers.py`), so that `pipeline validate`,
 the trainer on every rank and the trusted jobs all read one definition of each.
 
   errors          the `PipelineError` hierarchy and the one registry of exit codes

@@ -84,7 +84,7 @@ def cpu_model() -> str:
 
 def accelerators() -> dict[str, Any]:
     """CUDA version, visible GPU count and model (imports torch)."""
-    import torch  # lazy for speed: validation stays torch-free until a run asks
+    import torch  # lazy for speed: `pipeline validate` stays torch-free until a run asks
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return {

@@ -29,6 +29,7 @@ and starts `python -m trainer` on every rank. Top layer: it may import `validati
   doctor          the startup checklist every launcher runs first (`pipeline doctor`)
   layout_probe    the smoke's sharded half: a 2-process CPU step of the experiment's layout
   continuation    `--continue-from RUN_DIR`: seed a run on another layout from a run's checkpoint
+  machine_speed   this machine's CPU speed for the specs a command prices (demo, run --measure-cpu, plan --measure)
   sweep           sweeps, pure: trials, winner, trial table, cost, `SuccessiveHalving` pruner
   sweep_trials    `run_sweep`: trials at once, pruned at their evals, the winner on the hypothesis seeds
   pr_comment      the experiment's sticky PR comment: progress while it trains, then the report

@@ -98,7 +98,7 @@ def expected_time(plan: Any, baseline_plan: Any) -> tuple[float, str]:
     if base_runs and baseline_plan is not None:
         total += base_runs * baseline_plan.compute.wall_seconds
         parts += f" + baseline {base_runs} x {minutes(baseline_plan.compute.wall_seconds)}"
-    how = (f"{parts} (the plan, at MFU {plan.compute.assumed_mfu:.2g}: {plan.compute.mfu_source}) + about "
+    how = (f"{parts} (the plan, at {plan.compute.assumed_mfu:.2g} of the peak: {plan.compute.mfu_source}) + about "
            f"{minutes(OVERHEAD_S)} of corpus, checks, smoke run and report; runs already finished are reused")
     return total, how
 
@@ -107,9 +107,8 @@ def run_demo(repo: Path, experiment: str) -> None:
     from rich.console import Console
 
     from basics.paths import experiment_file, experiment_names
-    from pipelines.launchers.solo import launch_threads
+    from pipelines import machine_speed
     from pipelines.rundir import runs_root
-    from trainer.calibrate import describe, measure_specs
     from validation.loader import load_spec
     from validation.plan import make_plan
     from validation.resolved import resolve
@@ -130,11 +129,12 @@ def run_demo(repo: Path, experiment: str) -> None:
     # A CPU's speed is this machine's now, not a catalogue's: the plan, the expected time and the
     # cost each run records at launch are priced from one measurement (validation.plan.cpu_speed).
     out.print("measuring    this machine's CPU speed: a few training steps of the experiment's model ...")
+    warnings: list[str] = []
     with captured(log_path) as _:
-        layout = spec.parallel_layout()
-        measured = tuple(measure_specs([s for s in (spec, baseline_spec) if s is not None],
-                                       launch_threads(world=layout.dp * layout.tp * layout.pp)))
-    out.print(f"measured     {describe(measured) or 'nothing to measure (the specs state their utilisation)'}")
+        measured = machine_speed.for_experiment(spec, resolved, baseline_spec, warnings.append)
+    for line in warnings:
+        out.print(f"[yellow]warning[/]      {line}")
+    out.print(f"measured     {machine_speed.describe(measured)}")
     plan = make_plan(spec, baseline=baseline_spec, measured_cpu=measured)
     baseline_plan = make_plan(baseline_spec, measured_cpu=measured) if baseline_spec is not None else None
     expected, how = expected_time(plan, baseline_plan)
@@ -159,7 +159,7 @@ def run_demo(repo: Path, experiment: str) -> None:
     for line in next_steps(repo, experiment, report_dir, log_path, tracking_uri):
         out.print(line, markup=False)
     out.print(f"\ndemo took {minutes(took)} (expected about {minutes(expected)}, from this machine's speed when it "
-              "started: other work on the machine since then makes it slower)")
+              "started; other work on the machine changes it)")
 
 
 def _shown(path: Path, repo: Path) -> str:

@@ -67,7 +67,8 @@ def run(
         "--continue-from", help="Continue this run directory's latest valid checkpoint under FILE's layout "
         "(only parallel, resource and the batch split may differ; same global batch, data and code).")] = None,
     measure_cpu: Annotated[bool, typer.Option(
-        "--measure-cpu", help="Price CPU runs from this machine's speed measured first (~5 s), as `pipeline "
+        "--measure-cpu", help="Price CPU runs from this machine's speed measured first (a few training steps of "
+        "the model; a few seconds for small ones), as `pipeline "
         "plan --measure` shows it and `pipeline demo` does: the cost each run records at launch, which the "
         "report compares with what the run used.")] = False,
 ) -> None:
@@ -80,7 +81,7 @@ def run(
 
     if not file.is_file():
         raise fail(UsageError(f"{file}: no such experiment file"))
-    measured = _measured(file) if measure_cpu else ()
+    measured = _measured(file, launcher) if measure_cpu else ()
     options = RunOptions(launcher=launcher, pr=pr, sha=sha, smoke=not no_smoke, force=force,
                          run_baseline=not no_baseline, tracking_uri=tracking_uri, continue_from=_run_dir(continue_from),
                          measured_cpu=measured)
@@ -100,10 +101,10 @@ def run(
         typer.echo(line)
 
 
-def _measured(file: Path) -> tuple[Any, ...]:
-    """This machine's speed on `file`'s spec and its baseline's (`pipeline plan --measure`'s)."""
-    from pipelines.cmd_validate import measure_cpu_for
-    from trainer.calibrate import describe
+def _measured(file: Path, launcher: str | None) -> tuple[Any, ...]:
+    """`--measure-cpu`: this machine's speed on `file`'s spec, its baseline's and a sweep's trials
+    (what `pipeline plan --measure` shows), said on stderr."""
+    from pipelines import machine_speed
     from validation.loader import load_spec
     from validation.resolved import resolve
 
@@ -113,8 +114,16 @@ def _measured(file: Path) -> tuple[Any, ...]:
         baseline = load_spec(Path(resolved.baseline.file)) if resolved.baseline.file else None
     except PipelineError as exc:
         raise fail(exc) from None
-    measured = measure_cpu_for([spec, baseline])
-    typer.echo(f"measured this machine: {describe(list(measured)) or 'nothing to measure (no CPU spec)'}", err=True)
+    where = launcher or spec.resource.launcher
+    if where != "local":
+        raise fail(UsageError(f"--measure-cpu measures this machine, but the runs go to the {where} launcher's "
+                              "machines: drop --measure-cpu (or set resource.assumed_mfu)"))
+
+    def warn(line: str) -> None:
+        typer.echo(f"warning: {line}", err=True)
+
+    measured = machine_speed.for_experiment(spec, resolved, baseline, warn)
+    typer.echo(f"measured this machine: {machine_speed.describe(measured)}", err=True)
     return measured
 
 

@@ -157,7 +157,7 @@ def plan(
     ] = False,
     measure: Annotated[
         bool, typer.Option("--measure", help="Price a CPU run from this machine's speed, measured now (a few "
-                           "training steps of the model, ~5 s): what `pipeline demo` and `pipeline run "
+                           "training steps of the model; a few seconds for small ones): what `pipeline demo` and `pipeline run "
                            "--measure-cpu` record. Without it a CPU run is priced at the recorded utilisation.")
     ] = False,
 ) -> None:
@@ -180,11 +180,11 @@ def plan(
     reference, reference_note = _reference_for(resolved, loaded)
     changes = diff_specs(reference.resolved_dict(), spec.resolved_dict()) if reference else []
     baseline_spec = reference if reference is not None and reference.name == resolved.baseline.name else None
-    measured = measure_cpu_for([spec, baseline_spec]) if measure else ()
+    measured = _measured_for(spec, resolved, baseline_spec) if measure else ()
     preflight, preflight_text, preflight_note, plan_obj = _preflight(spec, loaded, baseline_spec, measured)
     decision = _decision(spec, resolved, plan_obj, baseline_spec, Path(resolved.repo_root), measured) \
         if plan_obj is not None else None
-    sweep = _sweep_cost(resolved, reference) if spec.sweep is not None and preflight is not None else None
+    sweep = _sweep_cost(resolved, reference, measured) if spec.sweep is not None and preflight is not None else None
     tier = sweep["tier"] if sweep else (preflight or {}).get("tier")
     preparation = _preparation(spec, Path(resolved.repo_root))
     dry, dry_text, dry_problems = _dry_run(spec) if dry_run else (None, None, [])
@@ -303,19 +303,16 @@ def _reference_for(resolved: ResolvedExperiment, loaded: LoadedSpec) -> tuple[Ex
     return None, "no baseline experiment file and no extends base to compare with"
 
 
-def measure_cpu_for(specs: list[ExperimentSpec | None]) -> tuple[Any, ...]:
-    """This machine's speed on the CPU specs among `specs` (`trainer.calibrate`), with the threads
-    their training processes get; () when none is priced from a measurement."""
-    from validation.plan.cpu_speed import needs_measurement
+def _measured_for(spec: ExperimentSpec, resolved: ResolvedExperiment, baseline: ExperimentSpec | None) -> tuple[Any, ...]:
+    """`--measure`: this machine's speed on the spec, its baseline and a sweep's trials, said on stderr."""
+    from pipelines import machine_speed
 
-    given = [s for s in specs if s is not None and needs_measurement(s)]
-    if not given:
-        return ()
-    from pipelines.launchers.solo import launch_threads  # with torch below: only when asked to measure
-    from trainer.calibrate import measure_specs
+    def warn(line: str) -> None:
+        typer.echo(f"warning: {line}", err=True)
 
-    layout = given[0].parallel_layout()
-    return tuple(measure_specs(given, launch_threads(world=layout.dp * layout.tp * layout.pp)))
+    measured = machine_speed.for_experiment(spec, resolved, baseline, warn)
+    typer.echo(f"measured this machine: {machine_speed.describe(measured)}", err=True)
+    return measured
 
 
 def _preflight(spec: ExperimentSpec, loaded: LoadedSpec, baseline: ExperimentSpec | None = None,
@@ -335,7 +332,8 @@ def _preflight(spec: ExperimentSpec, loaded: LoadedSpec, baseline: ExperimentSpe
     return result.to_dict(), text, "ok", result
 
 
-def _sweep_cost(resolved: ResolvedExperiment, reference: ExperimentSpec | None) -> dict[str, Any]:
+def _sweep_cost(resolved: ResolvedExperiment, reference: ExperimentSpec | None,
+                measured: tuple[Any, ...] = ()) -> dict[str, Any]:
     """The whole sweep priced (`pipelines.sweep.sweep_cost`): trials x selection seeds, the winner
     on the hypothesis seeds and the baseline on the same seeds; its tier is the one that applies.
     `reference` is the spec `_reference_for` loaded: the baseline's file when it has one."""
@@ -349,8 +347,8 @@ def _sweep_cost(resolved: ResolvedExperiment, reference: ExperimentSpec | None) 
             baseline = resolve_spec(reference, resolved.repo_root, seeds=list(resolved.seeds))
             note = (f"{reference.name} on {len(resolved.seeds)} seed(s), counted (nothing is spent "
                     "when its runs already exist)")
-        cost = sw.sweep_cost(trials, resolved, baseline)
-        tier = sw.sweep_tier(cost, resolved)
+        cost = sw.sweep_cost(trials, resolved, baseline, measured)
+        tier = sw.sweep_tier(cost, resolved, measured)
     except SpecError as exc:
         raise fail_issues(exc.issues) from None
     return {

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,14 +123,17 @@ class SweepCost:
                 f"{self.baseline_device_hours:.3g} = {self.total_device_hours:.3g} device-hours")
 
 
-def sweep_cost(trials: list[Trial], resolved: ResolvedExperiment, baseline: ResolvedExperiment | None) -> SweepCost:
+def sweep_cost(trials: list[Trial], resolved: ResolvedExperiment, baseline: ResolvedExperiment | None,
+               measured_cpu: Sequence[Any] = ()) -> SweepCost:
     """Trials x selection seeds, the winner's confirmation and the baseline, from the plan's
-    per-run estimates (`validation.preflight.make_plan` prices one seed)."""
+    per-run estimates (`validation.preflight.make_plan` prices one seed; `measured_cpu`: this
+    machine's speed, `validation.plan.cpu_speed`)."""
     from validation.plan import make_plan
 
-    plans = [make_plan(t.spec) for t in trials]
+    plans = [make_plan(t.spec, measured_cpu=measured_cpu) for t in trials]
     per_trial = max(p.compute.device_hours for p in plans)
-    base = make_plan(baseline.spec).compute.device_hours * len(baseline.seeds) if baseline is not None else 0.0
+    base = (make_plan(baseline.spec, measured_cpu=measured_cpu).compute.device_hours * len(baseline.seeds)
+            if baseline is not None else 0.0)
     sweep = resolved.spec.sweep
     assert sweep is not None
     return SweepCost(trials=len(trials), selection_seeds=sweep.selection_seeds, per_trial_device_hours=per_trial,
@@ -137,13 +141,13 @@ def sweep_cost(trials: list[Trial], resolved: ResolvedExperiment, baseline: Reso
                      on_gpu=any(p.compute.on_gpu for p in plans))
 
 
-def sweep_tier(cost: SweepCost, resolved: ResolvedExperiment) -> Any:
+def sweep_tier(cost: SweepCost, resolved: ResolvedExperiment, measured_cpu: Sequence[Any] = ()) -> Any:
     """The approval tier of the whole sweep (`validation.preflight.approval_tier` on its total)."""
     from dataclasses import replace
 
     from validation.plan import approval_tier, make_plan
 
-    compute = make_plan(resolved.spec).compute
+    compute = make_plan(resolved.spec, measured_cpu=measured_cpu).compute
     total = replace(compute, wall_seconds=cost.total_device_hours * 3600.0 / max(1, compute.world_size),
                     on_gpu=cost.on_gpu)
     return approval_tier(total, resolved.spec.resource)

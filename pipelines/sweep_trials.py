@@ -39,8 +39,9 @@ def run_sweep(flow: ExperimentFlow, resolved: ResolvedExperiment,
     assert config is not None
     metric, mode = sw.selection(spec)
     trials = sw.expand_trials(resolved)
-    cost = sw.sweep_cost(trials, resolved, baseline.resolved if baseline is not None else None)
-    tier = sw.sweep_tier(cost, resolved)
+    measured = flow.options.measured_cpu
+    cost = sw.sweep_cost(trials, resolved, baseline.resolved if baseline is not None else None, measured)
+    tier = sw.sweep_tier(cost, resolved, measured)
     flow.reporter.stage(spec.name, "plan", "finished", f"sweep: {cost.describe()}; tier {tier.name}")
     if tier.name == "refused":
         raise PipelineError(f"sweep {spec.name}: {cost.describe()}: {tier.reason}")

@@ -2,8 +2,8 @@
 
 Everything that varies lives in the spec; errors are caught here, before any machine is
 touched, with file:line for every problem. Preflight is pure code, and the resolve step
-writes the `ResolvedExperiment` (`spec.resolved.json`) every other layer reads. Lowest layer
-with `models/`: nothing here imports `trainer`, `reports` or `pipelines`, and `pipeline
+writes the `ResolvedExperiment` (`spec.resolved.json`) every other layer reads. Above
+`basics/` and `models/` only: nothing here imports `trainer`, `reports` or `pipelines`, and `pipeline
 validate` imports it without torch, so this package imports nothing. Errors and exit codes,
 atomic files, paths and the environment are `basics/`, below every layer.
 

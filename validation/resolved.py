@@ -267,6 +267,10 @@ def rebuild(spec: ExperimentSpec, changes: dict[str, Any]) -> ExperimentSpec:
     spec without `resource.assumed_mfu` is priced at the measured CPU utilisation, and a sweep's
     trial, dumped whole, was priced at the GPU default 0.35, ten times too fast."""
     data = spec.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    # The plug-in unions' selectors are always written: a spec built in code from a config
+    # instance leaves its `model_type` / optimizer `name` default unset, and the union needs it.
+    data.setdefault("model", {})["model_type"] = spec.model.model_type
+    data.setdefault("train", {}).setdefault("optimizer", {})["name"] = spec.train.optimizer.name
     for dotted_path, value in changes.items():
         node = data
         *parents, leaf = dotted_path.split(".")

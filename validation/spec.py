@@ -51,6 +51,9 @@ METRIC_PATTERN = (
     r"^(eval/(loss|bpb)|eval/[a-z0-9][a-z0-9_-]{0,31}/(loss|bpb)|train/loss|"
     r"perf/tokens_per_s|perf/mfu|perf/peak_mem_gb|" + TASK_METRIC_PATTERN + r")$"
 )
+EVAL_ROWS_PER_BATCH = 16
+"""Held-out rows in one `train.eval_batches` unit, per source: fixed, so the eval set does not
+depend on `micro_batch_size` (the trainer's evaluation and the plan's pricing read it)."""
 CHAMPION = "champion"
 """The model registry alias of the promoted model; also the `hypothesis.baseline` that compares against it."""
 ALPHA_LIMIT = 0.1

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CODE = ("models", "validation", "pipelines", "trainer", "reports", "experiments", "pyproject.toml")
+CODE = ("basics", "models", "validation", "pipelines", "trainer", "reports", "experiments", "pyproject.toml")
 
 
 def code_copy(dst: Path) -> Path:

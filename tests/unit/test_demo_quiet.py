@@ -53,7 +53,7 @@ def test_the_expected_time_is_the_plans_for_every_training_baseline_included():
     assert plan.cost.baseline_runs == 3  # priced, as `pipeline plan` prices it (was "not priced")
     seconds, how = expected_time(plan, make_plan(base))
     assert seconds == 3 * plan.compute.wall_seconds + 3 * make_plan(base).compute.wall_seconds + 60
-    assert how.startswith("3 trainings x 2.6 min + baseline 3 x 2.6 min (the plan, at MFU 0.037")
+    assert how.startswith("3 trainings x 2.6 min + baseline 3 x 2.6 min (the plan, at 0.037 of the peak")
 
 
 def test_stage_lines_say_what_each_figure_is():

@@ -102,13 +102,12 @@ class ComputeEstimate:
 def utilisation(spec: ExperimentSpec, measured: MeasuredCpu | None = None) -> tuple[float, str]:
     """The MFU the wall time assumes and where it comes from: `resource.assumed_mfu` when the
     spec sets it or on GPUs; for a CPU run that does not, this machine's `measured` speed when
-    given (`validation.plan.cpu_speed`), else `CPU_RUN_UTILISATION`."""
-    resource = spec.resource
-    if measured is not None and cpu_speed.applies(spec, measured):
+    given (`cpu_speed.pick` chose it for `spec`), else `CPU_RUN_UTILISATION`."""
+    if measured is not None:
         return measured.loop_utilisation, measured.source()
-    if resource.gpus_per_node == 0 and "assumed_mfu" not in resource.model_fields_set:
+    if cpu_speed.states_no_utilisation(spec):
         return CPU_RUN_UTILISATION, CPU_UTILISATION_SOURCE
-    return resource.assumed_mfu, "resource.assumed_mfu"
+    return spec.resource.assumed_mfu, "resource.assumed_mfu"
 
 
 def estimate_compute(

@@ -18,21 +18,22 @@ demo`, `pipeline run`, `pipeline plan --measure`), the plan takes a measurement 
 
 Measured (2 Intel Xeon cores, 23 GiB, idle, 2026-12-04): next-line-base seed 1236, 60 steps of
 16 x 128 tokens, fp32: 13.99 s wall, 6.75 s of steps at 18,211 tokens/s (0.85 of one thread's
-0.16 TFLOPS: perf/mfu 0.425 over 2 threads), two evaluations of 4 batches (0.30 s at that speed),
-the rest 6.9 s. Torch-free: the measurement itself happens in the execution layer.
+0.16 TFLOPS: perf/mfu 0.425 over 2 threads), two evaluations of 3 sources x 4 x 16 rows (0.90 s
+at that speed), the rest 6.3 s. Torch-free: the measurement itself happens in the execution layer.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from validation.plan.decision import eval_points
-from validation.spec import ExperimentSpec
+from validation.spec import EVAL_ROWS_PER_BATCH, ExperimentSpec
 
-RUN_FIXED_SECONDS = 6.9
+RUN_FIXED_SECONDS = 6.3
 """A CPU run's seconds that are not training or evaluation steps, on an idle machine."""
 EVAL_FLOPS_SHARE = 1.0 / 3.0
 """An evaluated token costs the forward pass: 2N of the 6N a trained token costs."""
@@ -53,7 +54,7 @@ class MeasuredCpu:
     """`shape_key` of the spec measured: it prices the specs that train the same shapes."""
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.loop_utilisation <= 64.0:
+        if not (math.isfinite(self.loop_utilisation) and self.loop_utilisation > 0.0):
             raise ValueError(f"measured CPU utilisation {self.loop_utilisation} is not a utilisation")
 
     def fixed_seconds(self) -> float:
@@ -65,30 +66,29 @@ class MeasuredCpu:
                 f"{self.threads} thread{'s' if self.threads != 1 else ''}, + {self.fixed_seconds():.0f} s per run "
                 "of start-up, checkpoints and export")
 
-    def to_dict(self) -> dict[str, float | int]:
-        return {"loop_utilisation": self.loop_utilisation, "tokens_per_s": self.tokens_per_s,
-                "threads": self.threads, "steps": self.steps, "seconds": self.seconds, "shape": self.shape}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, float | int | str]) -> MeasuredCpu:
-        return cls(float(data["loop_utilisation"]), float(data["tokens_per_s"]), int(data["threads"]),
-                   int(data["steps"]), float(data["seconds"]), str(data["shape"]))
-
 
 def shape_key(spec: ExperimentSpec) -> str:
-    """What a step's speed depends on: the model, the tokens of a micro batch, the precision and
-    the optimizer's kind (not its learning rate: the demo's candidate and baseline share one)."""
+    """What a step's speed depends on: the model, the tokens of a micro batch, the precision, the
+    checkpointing, the processes sharing the machine (their threads) and the optimizer's kind (not
+    its learning rate: the demo's candidate and baseline share one)."""
     tr = spec.train
     shape = {"model": spec.model.model_dump(mode="json"), "seq_len": spec.data.seq_len,
              "micro_batch": tr.micro_batch_size, "precision": tr.precision,
+             "checkpointing": tr.activation_checkpointing, "processes": spec.resource.world_size,
              "optimizer": tr.optimizer.model_dump(mode="json").get("name")}
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def needs_measurement(spec: ExperimentSpec) -> bool:
-    """A CPU spec that does not state its own `resource.assumed_mfu` is priced from this machine."""
+def states_no_utilisation(spec: ExperimentSpec) -> bool:
+    """A CPU spec that does not state its own `resource.assumed_mfu` (the plan picks its figure)."""
     resource = spec.resource
     return resource.gpus_per_node == 0 and "assumed_mfu" not in resource.model_fields_set
+
+
+def needs_measurement(spec: ExperimentSpec) -> bool:
+    """Priced from this machine's speed when measured: a CPU spec without its own utilisation, not
+    compiled (a few eager steps do not time a compiled run)."""
+    return states_no_utilisation(spec) and not spec.train.compile
 
 
 def applies(spec: ExperimentSpec, measured: MeasuredCpu | None) -> bool:
@@ -103,7 +103,8 @@ def pick(spec: ExperimentSpec, measured: Sequence[MeasuredCpu]) -> MeasuredCpu |
 
 def evaluation_flops(spec: ExperimentSpec, flops_per_training_token: float, total_steps: int) -> float:
     """FLOPs of a run's held-out evaluations: every `train.eval_interval` steps and at the end
-    (trainer/loop.py), `train.eval_batches` micro batches each, forward only."""
+    (trainer/loop.py), `train.eval_batches` units of `EVAL_ROWS_PER_BATCH` rows for each source
+    (trainer/evaluation.py: a fixed eval set, whatever the micro batch), forward only."""
     tr = spec.train
-    tokens = eval_points(total_steps, tr.eval_interval) * tr.eval_batches * tr.micro_batch_size * spec.data.seq_len
-    return tokens * flops_per_training_token * EVAL_FLOPS_SHARE
+    rows = eval_points(total_steps, tr.eval_interval) * len(spec.data.sources) * tr.eval_batches * EVAL_ROWS_PER_BATCH
+    return rows * spec.data.seq_len * flops_per_training_token * EVAL_FLOPS_SHARE
