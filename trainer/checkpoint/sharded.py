@@ -72,6 +72,19 @@ NOT_WRITTEN = "not written: "
 """How a rank's reason says its write raised (as opposed to a save that does not read back)."""
 
 
+def write_failure(exc: BaseException) -> str:
+    """Why a DCP write failed, as a rank's reason says it. DCP gathers every rank's failure into
+    one `CheckpointException` -- a BaseException, not an Exception, whose text is only the ranks'
+    numbers -- so the first OSError among them is named (a full disk on one rank shows on the
+    others as a torn file: its ENOSPC is what trainer/monitor.py must see to stop), else the first."""
+    failures = getattr(exc, "failures", None)
+    cause: Any = exc
+    if isinstance(failures, dict) and failures:
+        causes = [f[0] if isinstance(f, tuple) else f for f in failures.values()]  # (exception, its stack)
+        cause = next((c for c in causes if isinstance(c, OSError)), causes[0])
+    return f"{NOT_WRITTEN}{cause}"
+
+
 def save_shards(directory: Path, model: torch.nn.Module, optimizer: Any) -> None:
     """Collective: every rank writes `__<rank>_0.distcp`; rank 0 also `.metadata`."""
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -345,6 +358,7 @@ class ShardedStorage:
     def save(self, state: TrainState) -> None:
         """Collective. In async mode every rank returns once its shards are staged in CPU memory."""
         import torch
+        from torch.distributed.checkpoint.api import CheckpointException
 
         live = self.live
         t0 = time.perf_counter()
@@ -370,17 +384,18 @@ class ShardedStorage:
                 return
             save_shards(tmp, live.model, live.optimizer)
             reason = verify_roundtrip(tmp, live_model_state(live.model))
-        except Exception as exc:  # noqa: BLE001 - disk full, quota: reported, previous state intact
-            reason = f"{NOT_WRITTEN}{exc}"
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - disk full, quota: reported, previous state intact
+            reason = write_failure(exc)
         self._complete(step, tmp, reason, t0)
 
     def _write_in_background(self, tmp: Path, staged: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
         try:
             dcp_save(staged, checkpoint_id=str(tmp), process_group=self._group)
-        except Exception as exc:  # noqa: BLE001 - reported when the save is completed
-            self._bg_error = f"{NOT_WRITTEN}{exc}"
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported when the save is completed
+            self._bg_error = write_failure(exc)
 
     def complete(self) -> None:
         """Collective: validate and publish the background save (every rank calls this together)."""
