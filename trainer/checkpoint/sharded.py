@@ -184,13 +184,14 @@ def verify_roundtrip(directory: Path, live: dict[str, Any]) -> str | None:
     """Collective: read this rank's part of the weights back and compare bitwise with `live`
     (the model state dict that was saved). No rank ever holds more than its own shard twice."""
     import torch
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
     from torch.distributed.tensor import DTensor
 
     fresh = {k: torch.empty_like(v) for k, v in live.items()}
     try:
         dcp_load({"model": fresh}, checkpoint_id=str(directory))
-    except Exception as exc:  # noqa: BLE001 - any read failure makes the checkpoint invalid
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - any read failure makes the checkpoint invalid
         return f"shards do not load: {str(exc).splitlines()[0][:300]}"
     for key, value in live.items():
         other = fresh[key]
