@@ -453,7 +453,7 @@ class _StageStep:
 
         e = self.engine
         if e.schedule is None:
-            e.schedule, e.schedule_shape = e._make_schedule(self.micro, self.accum), (self.micro, self.accum)
+            e.schedule, e.schedule_shape = e.make_schedule(self.micro, self.accum), (self.micro, self.accum)
         full = {k: torch.cat([v] * self.accum) for k, v in batch.items()}
         kwargs = {"ids": full["input_ids"], "position_ids": full["position_ids"], "labels": full["labels"]}
         args = (full["input_ids"],) if e.pp_rank == 0 else ()

@@ -371,7 +371,8 @@ class PipelineEngine:
         """The process of stage rank `pp_rank` in this rank's replica and TP rank."""
         return self.dims.global_rank(pp_rank)
 
-    def _make_schedule(self, micro: int, accum: int) -> Any:
+    def make_schedule(self, micro: int, accum: int) -> Any:
+        """This rank's stages under the spec's schedule for `accum` micro-batches of `micro` rows."""
         import torch
         from torch.distributed.pipelining import (
             PipelineStage,
@@ -502,7 +503,7 @@ class PipelineSchedule:
         e = self.engine
         shape = (len(batches[0]["input_ids"]), len(batches))
         if e.schedule is None or e.schedule_shape != shape:  # a new micro batch (out-of-memory fallback)
-            e.schedule, e.schedule_shape = e._make_schedule(*shape), shape
+            e.schedule, e.schedule_shape = e.make_schedule(*shape), shape
         cat = {k: torch.from_numpy(np.concatenate([b[k] for b in batches])).to(e.device)
                for k in ("input_ids", "labels", "position_ids")}
         kwargs = {"ids": cat["input_ids"], "position_ids": cat["position_ids"], "labels": cat["labels"]}
@@ -535,6 +536,7 @@ class PipelineSchedule:
 
     def clip(self, max_norm: float, host: bool) -> Any:
         import torch
+        import torch.distributed as dist
 
         e = self.engine
         params = [p for p in e.holder.parameters() if p.grad is not None]
@@ -552,8 +554,6 @@ class PipelineSchedule:
                 for p in params:
                     p.grad.detach().mul_(coef)
             return grad_norm
-        import torch.distributed as dist
-
         # The same sums on the device (no host read): one all-reduce of the squared norm.
         sq_t = torch.zeros((), dtype=torch.float32, device=e.device)
         for p in counted:
