@@ -10,10 +10,11 @@ How (torchtitan's scripts/estimate/estimation.py, taken further):
 - the layout is the plan's (`validation.preflight.make_plan`: `parallel: auto` resolved, with the
   micro batch, accumulation and checkpointing the plan chose);
 - `dist.init_process_group("fake")` of that world size (FakeStore: no peer, collectives return at
-  once) and the CPU device mesh of `trainer.parallel.ParallelDims`; the model is built and sharded on
-  the meta device by `trainer.parallel.shard_on_meta` (TP plan, FSDP groups, mixed-precision policy,
-  activation checkpointing), then allocated and initialised under `FakeTensorMode` by
-  `trainer.parallel.materialize`: shapes, dtypes and placements are real, no byte is;
+  once) and the CPU device mesh of `trainer.parallel.ParallelDims`; the model parts are the
+  trainer's own (`trainer.model_parts.build_model_parts`): built and sharded on the meta device
+  (`trainer.parallel.shard_on_meta`: TP plan, FSDP groups, mixed-precision policy, activation
+  checkpointing; or the pipeline's stages), then allocated and initialised under `FakeTensorMode`:
+  shapes, dtypes and placements are real, no byte is;
 - the forward runs under autocast as accelerate runs it (FSDP layouts keep its fp32 copy of the
   outputs); DDP cannot wrap fake parameters (it reads them to compare shapes across ranks), so its
   buckets (accelerate leaves gradient_as_bucket_view off: one gradient copy per parameter, alive
@@ -60,8 +61,9 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainer.collectives import Collectives
+from trainer.model_parts import build_model_parts
 from trainer.parallel import ParallelDims
-from trainer.pipeline_parallel import PipelineEngine, PipelineSchedule, StageLayout
+from trainer.pipeline_parallel import PipelineSchedule, StageLayout, Stages
 from validation.errors import DryRunFailed, TrainingError
 from validation.plan.common import GIB, MIB
 from validation.plan.memory import (
@@ -318,24 +320,23 @@ def _simulate(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, dict[st
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from trainer.optim import build_optimizer
-    from trainer.parallel import materialize, shard_on_meta
 
     arch, train = spec.model, spec.train
     parallel = spec.parallel_layout()
     layout = f"dp={parallel.dp} tp={parallel.tp} pp={parallel.pp} fsdp={parallel.fsdp}"
     cpu = torch.device("cpu")
+    fake = FakeTensorMode(allow_non_fake_inputs=True)  # the device mesh keeps real rank tensors
     try:
         topo = ParallelDims.from_layout(parallel, world, rank, spec.resource.nodes).build(cpu.type)
-        mesh = topo.mesh if topo.sharded else None
-        model, buffers = shard_on_meta(spec, topo, mesh)
+        # Sharded on the meta device, then allocated and initialised under fake tensors.
+        model = build_model_parts(spec, topo, cpu, train.seed, allocate=lambda: fake).owner
     except TrainingError as exc:
         raise DryRunFailed(f"dry run ({layout}): {exc}") from None
     except (RuntimeError, ValueError, AssertionError, IndexError) as exc:
         raise DryRunFailed(f"dry run ({layout}): sharding the model failed: {_first_line(exc)}") from None
     micro = max(1, min(train.grad_accum_steps, MAX_MICRO_BATCHES))
     routing = _balanced_routing_mode()
-    with FakeTensorMode(allow_non_fake_inputs=True), routing:  # the device mesh keeps real rank tensors
-        model = materialize(model, buffers, arch, cpu, train.seed)
+    with fake, routing:
         model.train()
         optimizer = build_optimizer(model, train, arch)
         batch = _batch(spec)
@@ -382,19 +383,19 @@ def _simulate_stages(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, 
     fake = FakeTensorMode(allow_non_fake_inputs=True)  # the device mesh keeps real rank tensors
     try:
         dims = ParallelDims.from_layout(parallel, world, rank, spec.resource.nodes).build(cpu.type)
-        engine = PipelineEngine(spec, dims, cpu, train.seed, materialize=lambda: fake)
+        parts = build_model_parts(spec, dims, cpu, train.seed, allocate=lambda: fake)
     except TrainingError as exc:
         raise DryRunFailed(f"dry run ({layout}): {exc}") from None
     except (RuntimeError, ValueError, AssertionError, IndexError) as exc:
         raise DryRunFailed(f"dry run ({layout}): building the stages failed: {_first_line(exc)}") from None
     routing = _balanced_routing_mode()
     with fake, routing:
-        optimizer = build_optimizer(engine.holder, train, arch)
+        optimizer = build_optimizer(parts.owner, train, arch)
         batch = _batch(spec)
-        step = _StageStep(engine, optimizer, spec)
+        step = _StageStep(parts, optimizer, spec)
         _named_failure(step, batch, layout, "warm-up step")
         tracker = _micro_batch_tracker()
-        tracker.track_external(engine.holder, optimizer, *batch.values())
+        tracker.track_external(parts.owner, optimizer, *batch.values())
         with tracker:
             _named_failure(step, batch, layout, "tracked step")
         snapshot = tracker.get_tracker_snapshot("peak")
@@ -430,7 +431,8 @@ class _StageStep:
     the schedule over every micro-batch, the stages' gradient sync, clipping (the norm kept on
     the device), optimizer step, zero_grad(set_to_none)."""
 
-    def __init__(self, engine: Any, optimizer: Any, spec: ExperimentSpec):
+    def __init__(self, parts: Stages, optimizer: Any, spec: ExperimentSpec):
+        engine = parts.engine
         self.engine, self.optimizer = engine, optimizer
         self.micro, self.accum = spec.train.micro_batch_size, spec.train.grad_accum_steps
         self.precision = spec.train.precision

@@ -18,6 +18,8 @@ questions, so the loop, the step, evaluation, checkpoints and export never ask w
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -84,10 +86,13 @@ class OneModel:
 
 
 def build_model_parts(spec: ExperimentSpec, dims: ParallelDims, device: torch.device, seed: int,
-                      init_from: Path | None = None, compile_backend: str | None = None) -> ModelParts:
+                      init_from: Path | None = None, compile_backend: str | None = None,
+                      allocate: Callable[[], Any] = contextlib.nullcontext) -> ModelParts:
     """This rank's parts of the model, seeded identically in every layout, on `dims`' mesh
-    (built first: `ParallelDims.build`)."""
+    (built first: `ParallelDims.build`). Built on the meta device, then allocated and
+    initialised inside `allocate()` (trainer/dry_run.py: fake tensors)."""
     if dims.pp > 1:
-        return Stages(PipelineEngine(spec, dims, device, seed, compile_backend=compile_backend))
+        return Stages(PipelineEngine(spec, dims, device, seed, compile_backend=compile_backend, materialize=allocate))
     mesh = dims.mesh if dims.sharded else None
-    return OneModel(build_model(spec, dims, device, seed, init_from, mesh, compile_backend=compile_backend), dims)
+    return OneModel(build_model(spec, dims, device, seed, init_from, mesh, compile_backend=compile_backend,
+                                allocate=allocate), dims)

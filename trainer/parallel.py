@@ -28,6 +28,8 @@ The trainer checks after `prepare` that the model really is sharded (`assert_sha
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -312,11 +314,15 @@ def mixed_precision_policy(precision: str, reduce_dtype: str) -> Any:
 
 def build_model(spec: ExperimentSpec, topo: ParallelDims, device: torch.device, seed: int,
                 init_from: Path | None = None, mesh: DeviceMesh | None = None,
-                compile_backend: str | None = None) -> torch.nn.Module:
+                compile_backend: str | None = None,
+                allocate: Callable[[], Any] = contextlib.nullcontext) -> torch.nn.Module:
     """The causal LM for this rank: plain on one device, or FSDP/TP-sharded on `mesh`; its
-    blocks compiled with `compile_backend` (the trainer: inductor when `train.compile`)."""
+    blocks compiled with `compile_backend` (the trainer: inductor when `train.compile`). Its
+    parameters are allocated and initialised inside `allocate()` (trainer/dry_run.py: fake
+    tensors), after the sharding on the meta device."""
     model, buffers = shard_on_meta(spec, topo, mesh, compile_backend)
-    return materialize(model, buffers, spec.model, device, seed, init_from)
+    with allocate():
+        return materialize(model, buffers, spec.model, device, seed, init_from)
 
 
 def shard_on_meta(spec: ExperimentSpec, topo: ParallelDims, mesh: DeviceMesh | None = None,
