@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from basics.errors import DiskSpaceError
 from trainer.record import write_result
-from validation.errors import DiskSpaceError
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _TEXT_MARKERS = ("no space left on device", "disk quota exceeded", "os error 28")

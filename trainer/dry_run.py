@@ -60,11 +60,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from basics.errors import DryRunFailed, TrainingError
 from trainer.collectives import Collectives
 from trainer.model_parts import build_model_parts
 from trainer.parallel import ParallelDims
 from trainer.pipeline_parallel import PipelineSchedule, StageLayout, Stages
-from validation.errors import DryRunFailed, TrainingError
 from validation.plan.common import GIB, MIB
 from validation.plan.memory import (
     ALLOCATOR_FRAGMENTATION,

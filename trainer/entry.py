@@ -91,10 +91,10 @@ def _tp_hint(spec: object) -> str:
 
 
 def _main(args: argparse.Namespace, state: dict[str, object]) -> int:
-    from validation.environment import apply_offline_env
+    from basics.environment import apply_offline_env
 
     apply_offline_env()
-    from validation.errors import PipelineError
+    from basics.errors import PipelineError
 
     try:
         from validation.resolved import load_resolved  # imports every file under models/
@@ -140,8 +140,8 @@ def _main(args: argparse.Namespace, state: dict[str, object]) -> int:
         _, code = trainer.run()
         return code
     except Exception as exc:  # noqa: BLE001 - a full disk anywhere (checkpoint, export) is classified
+        from basics.errors import DiskSpaceError
         from trainer.diskfull import disk_full_error, is_disk_full, record_disk_full
-        from validation.errors import DiskSpaceError
 
         if not isinstance(exc, DiskSpaceError) and is_disk_full(exc):
             exc = disk_full_error(args.run_dir, "export" if ".model.tmp" in str(exc) else "run's files", exc)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from validation.errors import TrainingError
+from basics.errors import TrainingError
 
 if TYPE_CHECKING:
     import torch

@@ -30,6 +30,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from basics.errors import TrainingError
+from basics.files import sha256_file
 from trainer import record
 from trainer.checkpoint.format import checkpoint_name, describe_layout, list_checkpoints
 from trainer.checkpoint.manager import CheckpointManager
@@ -53,7 +55,6 @@ from trainer.parallel import ParallelDims, make_accelerator
 from trainer.state import StepResult, TrainState
 from trainer.step import StepRunner, to_device
 from trainer.step_metrics import DeviceScalars
-from validation.errors import TrainingError
 from validation.flops import DevicePeak, device_peak, flops_per_token
 from validation.spec import ExperimentSpec
 
@@ -317,8 +318,6 @@ class Trainer:
         done = [o for o in self.checkpointer.outcomes if o.ok and o.path is not None]
         if not done or done[-1].step == self._recorded_checkpoint:
             return False
-        from validation.files import sha256_file
-
         last = done[-1]
         manifest = Path(str(last.path)) / "MANIFEST.json"
         if manifest.is_file():

@@ -215,7 +215,7 @@ class JsonlMetrics:
 def _quiet_http() -> None:
     # A dead server must cost seconds per flush, not MLflow's default minutes of retries.
     bound_mlflow_http()
-    from validation.environment import apply_offline_env
+    from basics.environment import apply_offline_env
 
     apply_offline_env()
 
@@ -358,7 +358,7 @@ class MlflowSink:
     # ---------------------------------------------------------------- internals
 
     def _write_run_file(self) -> None:
-        from validation.files import atomic_write_json
+        from basics.files import atomic_write_json
 
         atomic_write_json(self.run_file, {"run_id": self.run_id, "experiment": self.experiment,
                                           "run_name": self.run_name, "tracking_uri": self.tracking_uri})

@@ -214,7 +214,7 @@ class CheckpointFailures:
             return
         self.count += 1
         if self.count >= self.limit:
-            from validation.errors import TrainingError
+            from basics.errors import TrainingError
 
             self.fatal = TrainingError(f"{self.count} checkpoint writes failed (last: {message}); stopping with "
                                        "the last valid checkpoint intact")

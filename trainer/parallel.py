@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from validation.errors import TrainingError
+from basics.errors import TrainingError
 
 if TYPE_CHECKING:
     import torch

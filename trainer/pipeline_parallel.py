@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from basics.errors import TrainingError
 from trainer.activation_checkpointing import checkpoint_forward
 from trainer.parallel import (
     apply_tp_plan,
@@ -50,7 +51,6 @@ from trainer.parallel import (
     mixed_precision_policy,
     tied_model,
 )
-from validation.errors import TrainingError
 from validation.plan.memory import checkpointed_blocks
 from validation.rules import virtual_stages_per_rank
 

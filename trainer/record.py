@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from validation.environment import env_fingerprint
-from validation.files import atomic_write_json
+from basics.environment import env_fingerprint
+from basics.files import atomic_write_json
 
 if TYPE_CHECKING:
     from validation.spec import ExperimentSpec

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["RunDirBusy", "acquire_rank_lock", "holding_run_dir", "join_job", "live_ranks", "signal_ranks"]
-from validation.errors import RunDirBusy
+from basics.errors import RunDirBusy
 
 LOCK_DIR = "locks"
 JOB_TOKEN_ENV = "PIPELINE_JOB_TOKEN"

@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from validation.errors import TrainingError
+from basics.errors import TrainingError
 from validation.resolved import ResolvedExperiment, rebuild, resolve_spec
 from validation.spec import ExperimentSpec
 

@@ -35,7 +35,7 @@ def replay_spool(run_dir: Path, tracking_uri: str | None = None) -> dict[str, An
     Updates result.json's `mlflow_run_id` when the run id was not known before. Raises
     `TrackingError` when the server is still unreachable.
     """
-    from validation.errors import TrackingError
+    from basics.errors import TrackingError
 
     run_dir = Path(run_dir)
     saved = json.loads((run_dir / RUN_FILE).read_text()) if (run_dir / RUN_FILE).is_file() else {}

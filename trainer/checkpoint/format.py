@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from validation.files import atomic_write_json, fsync_dir, sha256_file
+from basics.files import atomic_write_json, fsync_dir, sha256_file
 
 MANIFEST = "MANIFEST.json"
 TRAIN_STATE = "train_state.json"

@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from basics.errors import TrainingError
 from trainer.checkpoint.format import (
     MODEL,
     OPTIMIZER,
@@ -131,8 +132,6 @@ def load_shards(directory: Path, parts: ModelParts, optimizer: Any) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import set_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-
-    from validation.errors import TrainingError
 
     keys = checkpoint_keys(directory)
     old = indexed_groups(keys)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from basics.files import fsync_dir
 from trainer.checkpoint.format import (
     TMP_PREFIX,
     EventSink,
@@ -30,7 +31,6 @@ from trainer.checkpoint.format import (
     valid_checkpoints,
     write_manifest,
 )
-from validation.files import fsync_dir
 
 
 @dataclass
