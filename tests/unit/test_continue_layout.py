@@ -159,7 +159,7 @@ def test_artifact_location_follows_the_store_kind(tmp_path: Path) -> None:
 def test_layout_words_say_fsdp_only_where_parameters_are_sharded() -> None:
     from trainer.checkpoint.format import describe_layout, layout_record, reshard_message
 
-    tp_only = layout_record(world=2, dp=1, tp=2, shard=1)  # Topology.from_layout: fsdp=True, shard 1
+    tp_only = layout_record(world=2, dp=1, tp=2, shard=1)  # ParallelDims.from_layout: fsdp=True, shard 1
     assert describe_layout(tp_only) == "dp 1 x tp 2"
     fsdp = layout_record(world=2, dp=2, tp=1, shard=2)
     assert describe_layout(fsdp) == "dp 2, fsdp"

@@ -57,11 +57,11 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _trainer_model(fields: dict[str, Any], directory: Path) -> Any:
     import torch
 
-    from trainer.parallel import Topology, build_model
+    from trainer.parallel import ParallelDims, build_model
 
     spec = SimpleNamespace(model=model_spec({**fields, "init_from": str(directory)}),
                            train=SimpleNamespace(activation_checkpointing="none", precision="fp32"))
-    topo = Topology(world=1, rank=0, dp=1, tp=1, fsdp=False)
+    topo = ParallelDims(world=1, rank=0, dp=1, tp=1, fsdp=False)
     return build_model(spec, topo, torch.device("cpu"), seed=1, init_from=directory)  # type: ignore[arg-type]
 
 

@@ -433,7 +433,7 @@ def test_explicit_layout_is_verified_and_estimated():
     plan = plan_parallel(spec)
     assert plan.chosen_by == "explicit"
     assert (plan.dp, plan.tp, plan.pp, plan.fsdp, plan.world_size) == (2, 2, 2, False, 8)
-    # tp > 1 over two replicas is sharded over them too (trainer.parallel.Topology: FSDP on dp
+    # tp > 1 over two replicas is sharded over them too (trainer.parallel.ParallelDims: FSDP on dp
     # whenever tp > 1), so 2 x 2 x 2 = 8; counting 4 was the defect.
     assert plan.memory.sharding_degree == 8
     # tp splits the decoder layers only (as trainer/parallel.py does); the tied embedding and the

@@ -12,30 +12,30 @@ def test_an_unsharded_model_under_a_sharded_layout_fails_loudly() -> None:
     import torch
 
     from basics.errors import TrainingError
-    from trainer.parallel import Topology, assert_sharded
+    from trainer.parallel import ParallelDims, assert_sharded
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
     with pytest.raises(TrainingError, match="not sharded: this rank holds 8320 of 8320"):
-        assert_sharded(model, Topology(world=2, rank=0, dp=2, tp=1, fsdp=True))
-    assert assert_sharded(model, Topology(world=2, rank=0, dp=2, tp=1, fsdp=False)) == (8320, 8320)  # DDP
+        assert_sharded(model, ParallelDims(world=2, rank=0, dp=2, tp=1, fsdp=True))
+    assert assert_sharded(model, ParallelDims(world=2, rank=0, dp=2, tp=1, fsdp=False)) == (8320, 8320)  # DDP
 
 
 def test_topology_places_pipeline_stages_and_reads_rows_per_tp_group() -> None:
     from basics.errors import TrainingError
-    from trainer.parallel import Topology
+    from trainer.parallel import ParallelDims
     from validation.spec import ParallelLayout
 
     with pytest.raises(TrainingError, match="pp=2 x tp=2 does not divide the 6 processes"):
-        Topology.from_layout(ParallelLayout(dp=1, tp=2, pp=2), 6, 0)
-    three = Topology.from_layout(ParallelLayout(dp=2, tp=2, pp=2), 8, 5)  # rank = (stage x dp + dp index) x tp + tp
+        ParallelDims.from_layout(ParallelLayout(dp=1, tp=2, pp=2), 6, 0)
+    three = ParallelDims.from_layout(ParallelLayout(dp=2, tp=2, pp=2), 8, 5)  # rank = (stage x dp + dp index) x tp + tp
     assert (three.pp_rank, three.dp_rank, three.tp_rank, three.fsdp) == (1, 0, 1, True)
-    staged = Topology.from_layout(ParallelLayout(dp=2, pp=2), 4, 1)  # rank = stage x dp + dp index
+    staged = ParallelDims.from_layout(ParallelLayout(dp=2, pp=2), 4, 1)  # rank = stage x dp + dp index
     assert (staged.dp, staged.pp, staged.dp_rank, staged.pp_rank, staged.sharded) == (2, 2, 1, 0, True)
-    last = Topology.from_layout(ParallelLayout(dp=2, pp=2, fsdp=True), 4, 2)  # stages outermost: across nodes
+    last = ParallelDims.from_layout(ParallelLayout(dp=2, pp=2, fsdp=True), 4, 2)  # stages outermost: across nodes
     assert (last.dp_rank, last.pp_rank, last.fsdp, last.shard) == (0, 1, True, 2)
-    topo = Topology.from_layout(ParallelLayout(dp=2, tp=2), 4, 3)
+    topo = ParallelDims.from_layout(ParallelLayout(dp=2, tp=2), 4, 3)
     assert (topo.dp, topo.dp_rank, topo.tp_rank, topo.fsdp, topo.sharded) == (2, 1, 1, True, True)
-    assert not Topology.from_layout(ParallelLayout(dp=1, fsdp=True), 1, 0).sharded  # one process: plain
+    assert not ParallelDims.from_layout(ParallelLayout(dp=1, fsdp=True), 1, 0).sharded  # one process: plain
 
 
 def test_fault_plan_is_a_null_object_unless_asked() -> None:
