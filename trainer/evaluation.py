@@ -24,9 +24,8 @@ import numpy as np
 
 from trainer.collectives import Collectives
 from trainer.monitor import track_best
+from validation.spec import EVAL_ROWS_PER_BATCH  # one figure: the plan prices the eval set from it too
 
-EVAL_ROWS_PER_BATCH = 16
-"""Rows in one `train.eval_batches` unit: fixed, so the eval set does not depend on `micro_batch_size`."""
 AGGREGATE = "pooled over every scored token of the fixed eval set (not mixture-weighted)"
 """How `eval/loss` and `eval/bpb` combine the sources (the report states it)."""
 

@@ -20,8 +20,6 @@ atomic files, paths and the environment are `basics/`, below every layer.
   flops           device peak FLOPS and training FLOPs per token: one table, one formula
   eval_tasks      `eval.tasks` (lm-evaluation-harness tasks), checked without lm-eval or torch
   contract        the plug-in contract's torch-free half: what a model or optimizer file must declare
-  paths, environment, errors, files
-                  aliases of `basics.*` (moved there: issue 39), until trainer/ imports them there
   data/           prepared data as its readers see it: format, mixture schedule, profiles, checks
                   (preparation itself is `pipelines.dataprep`)
 """

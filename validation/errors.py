@@ -1,9 +1,0 @@
-"""Moved to `basics.errors` (issue 39, item 6). A temporary alias while trainer/ is rewritten beside
-this change; it goes in the same session, once trainer/ imports `basics.errors`."""
-
-import sys
-
-from basics import errors as _moved
-from basics.errors import *  # noqa: F403 - the names, for the type checker
-
-sys.modules[__name__] = _moved
