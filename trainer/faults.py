@@ -5,6 +5,8 @@ Environment variables (1-based optimizer step numbers; each fault fires once per
   TRAINER_INJECT_NAN_AT_STEP=k   make the loss NaN
   TRAINER_FAULT_SIGKILL_AT_STEP=k  SIGKILL this process after step k (rank TRAINER_FAULT_RANK, default 0)
   TRAINER_FAULT_SIGTERM_AT_STEP=k  send SIGTERM to this process after step k
+  TRAINER_FAULT_STEP_SECONDS=s   sleep s after every step: a slow machine's steps, so that a
+                                 cancel sent at an early eval lands mid-run however fast this one is
 
 Keeping this out of the loop means the loop has no `if os.environ...` branches: a real
 run gets `FaultPlan()` (every method a no-op), a test gets `InjectedFaults`.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -23,6 +26,7 @@ ENV_NAN = "TRAINER_INJECT_NAN_AT_STEP"
 ENV_SIGKILL = "TRAINER_FAULT_SIGKILL_AT_STEP"
 ENV_SIGKILL_RANK = "TRAINER_FAULT_RANK"
 ENV_SIGTERM = "TRAINER_FAULT_SIGTERM_AT_STEP"
+ENV_STEP_SECONDS = "TRAINER_FAULT_STEP_SECONDS"
 
 
 class FaultPlan:
@@ -47,8 +51,9 @@ class FaultPlan:
 
         plan = InjectedFaults(
             rank=rank, oom_at=num(ENV_OOM), oom_rank=num(ENV_OOM_RANK) or 0, nan_at=num(ENV_NAN),
-            sigkill_at=num(ENV_SIGKILL), sigkill_rank=num(ENV_SIGKILL_RANK) or 0, sigterm_at=num(ENV_SIGTERM))
-        if (plan.oom_at, plan.nan_at, plan.sigkill_at, plan.sigterm_at) == (None, None, None, None):
+            sigkill_at=num(ENV_SIGKILL), sigkill_rank=num(ENV_SIGKILL_RANK) or 0, sigterm_at=num(ENV_SIGTERM),
+            step_seconds=float(env.get(ENV_STEP_SECONDS) or 0.0))
+        if (plan.oom_at, plan.nan_at, plan.sigkill_at, plan.sigterm_at, plan.step_seconds) == (None, None, None, None, 0.0):
             return FaultPlan()
         return plan
 
@@ -64,6 +69,7 @@ class InjectedFaults(FaultPlan):
     sigkill_at: int | None = None
     sigkill_rank: int = 0
     sigterm_at: int | None = None
+    step_seconds: float = 0.0
     fired: set[str] = field(default_factory=set)
 
     def _once(self, kind: str, at: int | None, step: int) -> bool:
@@ -79,6 +85,8 @@ class InjectedFaults(FaultPlan):
         return self._once("nan", self.nan_at, step)
 
     def after_step(self, step: int, before_kill: Callable[[], None]) -> None:
+        if self.step_seconds > 0:
+            time.sleep(self.step_seconds)
         if self.sigkill_at == step and self.rank == self.sigkill_rank:
             before_kill()
             os.kill(os.getpid(), signal.SIGKILL)

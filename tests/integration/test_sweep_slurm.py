@@ -60,6 +60,10 @@ def test_a_sweep_on_two_slurm_nodes_runs_trials_concurrently_prunes_and_confirms
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slurm_cluster: object) -> None:
     spec_file = sweep_repo(tmp_path, "tiny-slurm-sweep", SWEEP)
     monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    # The tiny model's steps take 6-10 ms on an idle machine: the pruned trial ran its 24 steps in
+    # 0.4 s, before the pruner's cancel (0.44 s after its step-4 eval) reached it (CI, idle).
+    # Steps of 0.1 s are a slow machine's: the cancel lands mid-run however fast this one is.
+    monkeypatch.setenv("TRAINER_FAULT_STEP_SECONDS", "0.1")
     rec = Timed()
     started = time.time()
     candidate = run_flow(tmp_path, spec_file, rec)

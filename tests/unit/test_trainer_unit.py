@@ -304,3 +304,18 @@ def test_the_writer_runs_saves_in_its_thread_publishes_and_rejects(tmp_path: Pat
     assert (tmp_path / "step_000010" / ckpt.MODEL).read_bytes() == b"new"
     assert all(ckpt.verify_checkpoint(p) is None for _, p in ckpt.valid_checkpoints(tmp_path))
     assert [e[:2] for e in events] == [("P1", "checkpoint_invalid")] and "step 30" in events[0][2]
+
+
+def test_slow_steps_are_a_fault_a_test_can_ask_for_and_a_real_run_never_gets() -> None:
+    """`TRAINER_FAULT_STEP_SECONDS`: every step as slow as a busy machine's, so that a cancel sent
+    at an early eval (a pruned sweep trial) lands mid-run however fast this machine is."""
+    import time
+
+    from trainer.faults import FaultPlan, InjectedFaults
+
+    assert type(FaultPlan.from_env(0, {})) is FaultPlan
+    plan = FaultPlan.from_env(0, {"TRAINER_FAULT_STEP_SECONDS": "0.05"})
+    assert isinstance(plan, InjectedFaults) and plan.step_seconds == 0.05
+    started = time.perf_counter()
+    plan.after_step(1, lambda: None)
+    assert time.perf_counter() - started >= 0.05
