@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-from pipelines.cmd_demo import DEFAULT_EXPERIMENT, captured, expected_time, next_steps
+from pipelines.cmd_demo import DEFAULT_EXPERIMENT, OVERHEAD_S, captured, expected_time, next_steps
 from pipelines.progress import RichReporter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def test_the_expected_time_is_the_plans_for_every_training_baseline_included():
     plan = make_plan(spec, baseline=base)
     assert plan.cost.baseline_runs == 3  # priced, as `pipeline plan` prices it (was "not priced")
     seconds, how = expected_time(plan, make_plan(base))
-    assert seconds == 3 * plan.compute.wall_seconds + 3 * make_plan(base).compute.wall_seconds + 60
+    assert seconds == 3 * plan.compute.wall_seconds + 3 * make_plan(base).compute.wall_seconds + OVERHEAD_S
     assert how.startswith("3 trainings x 2.6 min + baseline 3 x 2.6 min (the plan, at 0.037 of the peak")
 
 
