@@ -69,6 +69,9 @@ class LaunchJob:
     wait_previous_s: float = 0.0
     """Local/static: how long `submit` waits for ranks of an earlier job still holding the run
     directory (0: refuse at once; relaunches after a crash wait, see `run_with_retries`)."""
+    previous_attempt_ended: float | None = None
+    """A relaunch: when this node saw its previous attempt end (`time.time()`); static nodes wait
+    for the other nodes' ranks started before it (`StaticLauncher._await_peers`)."""
 
     @property
     def world_size(self) -> int:

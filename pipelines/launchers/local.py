@@ -125,6 +125,9 @@ class LocalLauncher:
     def _rendezvous(self, job: LaunchJob) -> Rendezvous:
         return Rendezvous(num_machines=1, machine_rank=0, main_ip="127.0.0.1", main_port=free_port())
 
+    def _await_peers(self, job: LaunchJob, say: LogSink) -> None:
+        """Before a relaunch, what the other nodes of the job must have done first (static)."""
+
     def _prelaunch(self, job: LaunchJob) -> None:
         preflight(job)
 
@@ -141,6 +144,7 @@ class LocalLauncher:
         log_path = logs / self._log_name(job)
         own = self._own_ranks(job)
         await_previous_attempt(job, job.wait_previous_s, self._say(log_path), own)
+        self._await_peers(job, self._say(log_path))
         (job.run_dir / CANCEL_MARKER).unlink(missing_ok=True)
         self._prelaunch(job)
         token = uuid.uuid4().hex

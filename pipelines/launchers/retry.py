@@ -104,13 +104,16 @@ def run_with_retries(launcher: Launcher, job: LaunchJob, on_log: LogSink | None 
     limit = 0 if getattr(launcher, "retries_inside", False) else job.max_restarts
     decisions: list[Decision] = []
     attempt = 0
+    ended: float | None = None
     while True:
         attempt += 1
         started = time.time()
         # A relaunch waits (bounded) for the old attempt's ranks: one may still be writing
         # the checkpoint the new attempt resumes from.
-        handle = launcher.submit(job if attempt == 1 else replace(job, wait_previous_s=job.grace_seconds + 30))
+        handle = launcher.submit(job if attempt == 1 else replace(job, wait_previous_s=job.grace_seconds + 30,
+                                                                  previous_attempt_ended=ended))
         state = launcher.wait(handle, timeout=timeout, on_log=on_log)
+        ended = time.time()
         if not state.done:  # our own timeout: stop it, it is a failure of the time budget
             state = launcher.cancel(handle)
         status = read_result_status(job.run_dir, not_before=started)

@@ -9,11 +9,20 @@ index). Process handling, logs and cancel are the local launcher's.
 from __future__ import annotations
 
 import os
+import time
 
 from basics.errors import LaunchError
 from pipelines.launchers.commands import Rendezvous, parse_endpoint
-from pipelines.launchers.interface import LaunchJob
+from pipelines.launchers.interface import LaunchJob, LogSink
 from pipelines.launchers.local import LocalLauncher, node_ranks, preflight
+from trainer.runlock import describe_ranks, live_ranks
+
+
+def earlier_peers(job: LaunchJob, rank: int, before: float) -> list[dict[str, object]]:
+    """The other nodes' ranks (their locks in the shared run directory) alive since before `before`."""
+    own = node_ranks(job, rank)
+    return [r for r in live_ranks(job.run_dir) if r.get("rank") not in own
+            and isinstance(r.get("started"), (int, float)) and float(r["started"]) < before]
 
 
 def node_rank_of(job: LaunchJob) -> int:
@@ -44,6 +53,26 @@ class StaticLauncher(LocalLauncher):
     def _own_ranks(self, job: LaunchJob) -> range:
         # Only this machine's ranks: the other nodes' locks in a shared run dir are theirs.
         return node_ranks(job, node_rank_of(job))
+
+    def _await_peers(self, job: LaunchJob, say: LogSink) -> None:
+        """A relaunched node joins the rendezvous only once the other nodes' previous attempt has
+        ended: node 0's agent keeps the store up while its trainer lives, and a node restarted
+        0.4 s after its trainer was killed met that still-running attempt at the same store: its
+        new rank took the dead rank's place and both waited until the job's time limit (CI,
+        tests/integration/test_launch_multinode_fsdp.py). Seen through the rank locks of the shared
+        run directory (not shared: nothing to wait for); bounded by `wait_previous_s`."""
+        if job.wait_previous_s <= 0 or job.previous_attempt_ended is None:
+            return  # a first attempt: the nodes start together
+        rank, ended = node_rank_of(job), job.previous_attempt_ended
+        # Ranks started before this node's attempt ended are that attempt's; a peer's relaunch
+        # started later is the next one, met at the rendezvous.
+        if not earlier_peers(job, rank, ended):
+            return
+        say(f"[launcher] waiting up to {job.wait_previous_s:.0f}s for the other nodes' previous attempt to end: "
+            f"{describe_ranks(earlier_peers(job, rank, ended))}")
+        deadline = time.monotonic() + job.wait_previous_s
+        while earlier_peers(job, rank, ended) and time.monotonic() < deadline:
+            time.sleep(0.2)
 
     def _prelaunch(self, job: LaunchJob) -> None:
         node_rank_of(job)  # a wrong rank is refused before anything starts
