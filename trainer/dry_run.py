@@ -310,30 +310,40 @@ def _analytic_categories(memory: Any) -> dict[str, int]:
             "logits_temporaries": memory.logits_bytes, "overhead": memory.overhead_bytes}
 
 
+def _fake_parts(spec: ExperimentSpec, world: int, rank: int, what: str) -> tuple[Any, Any, Any, str]:
+    """Rank `rank`'s parallel dimensions on the fake group and its model parts, built on the meta
+    device and allocated under fake tensors; (dims, parts, the fake mode, the layout's name).
+    A failure is `DryRunFailed` naming `what` was being done."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    parallel = spec.parallel_layout()
+    layout = f"dp={parallel.dp} tp={parallel.tp} pp={parallel.pp} fsdp={parallel.fsdp}"
+    cpu = torch.device("cpu")
+    fake = FakeTensorMode(allow_non_fake_inputs=True)  # the device mesh keeps real rank tensors
+    try:
+        dims = ParallelDims.from_layout(parallel, world, rank, spec.resource.nodes).build(cpu.type)
+        parts = build_model_parts(spec, dims, cpu, spec.train.seed, allocate=lambda: fake)
+    except TrainingError as exc:
+        raise DryRunFailed(f"dry run ({layout}): {exc}") from None
+    except (RuntimeError, ValueError, AssertionError, IndexError) as exc:
+        raise DryRunFailed(f"dry run ({layout}): {what} failed: {_first_line(exc)}") from None
+    return dims, parts, fake, layout
+
+
 def _simulate(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, dict[str, int], str, int, bool, int]:
     """Build, shard and step rank `rank` under fake tensors; the tracked peak (bytes), its
     categories, the tracker's name, the micro-batches stepped, whether routing was assumed, and
     how many scalar reads of the optimizer step were answered."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from trainer.optim import build_optimizer
 
     arch, train = spec.model, spec.train
-    parallel = spec.parallel_layout()
-    layout = f"dp={parallel.dp} tp={parallel.tp} pp={parallel.pp} fsdp={parallel.fsdp}"
-    cpu = torch.device("cpu")
-    fake = FakeTensorMode(allow_non_fake_inputs=True)  # the device mesh keeps real rank tensors
-    try:
-        topo = ParallelDims.from_layout(parallel, world, rank, spec.resource.nodes).build(cpu.type)
-        # Sharded on the meta device, then allocated and initialised under fake tensors.
-        model = build_model_parts(spec, topo, cpu, train.seed, allocate=lambda: fake).owner
-    except TrainingError as exc:
-        raise DryRunFailed(f"dry run ({layout}): {exc}") from None
-    except (RuntimeError, ValueError, AssertionError, IndexError) as exc:
-        raise DryRunFailed(f"dry run ({layout}): sharding the model failed: {_first_line(exc)}") from None
+    # Sharded on the meta device, then allocated and initialised under fake tensors.
+    topo, parts, fake, layout = _fake_parts(spec, world, rank, "sharding the model")
+    model = parts.owner
     micro = max(1, min(train.grad_accum_steps, MAX_MICRO_BATCHES))
     routing = _balanced_routing_mode()
     with fake, routing:
@@ -371,23 +381,11 @@ def _simulate_stages(spec: ExperimentSpec, world: int, rank: int) -> tuple[int, 
     drawn under fake tensors, then the real schedule of torch.distributed.pipelining runs every
     micro-batch of one step (the fake group's transfers return at once, so this rank's in-flight
     activations are the schedule's own), the stages' gradient sync, clipping and optimizer step."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from trainer.optim import build_optimizer
 
     arch, train = spec.model, spec.train
-    parallel = spec.parallel_layout()
-    layout = f"dp={parallel.dp} tp={parallel.tp} pp={parallel.pp} fsdp={parallel.fsdp}"
-    cpu = torch.device("cpu")
-    fake = FakeTensorMode(allow_non_fake_inputs=True)  # the device mesh keeps real rank tensors
-    try:
-        dims = ParallelDims.from_layout(parallel, world, rank, spec.resource.nodes).build(cpu.type)
-        parts = build_model_parts(spec, dims, cpu, train.seed, allocate=lambda: fake)
-    except TrainingError as exc:
-        raise DryRunFailed(f"dry run ({layout}): {exc}") from None
-    except (RuntimeError, ValueError, AssertionError, IndexError) as exc:
-        raise DryRunFailed(f"dry run ({layout}): building the stages failed: {_first_line(exc)}") from None
+    _, parts, fake, layout = _fake_parts(spec, world, rank, "building the stages")
     routing = _balanced_routing_mode()
     with fake, routing:
         optimizer = build_optimizer(parts.owner, train, arch)
